@@ -1,0 +1,121 @@
+"""Model runner: one forward pass over several sequences' new tokens, K/V into compact pages.
+
+For each layer the attention callback (1) joins the sequence's bf16 tail with the new tokens'
+K/V, (2) quantises every page before the newest token's page into the pool (pages allocated up
+front, so a forward never fails half-way for lack of room), (3) keeps the newest token's page
+as the bf16 tail and (4) attends by the page-causal rule of ``kvwire.attention``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvwire.attention import attend_paged_reference
+from kvwire.kv_cache import KVCache, SequenceKV
+from kvwire.page_pool import page_chain_hashes
+
+
+@dataclass
+class Segment:
+    """New tokens of one sequence for this forward; they start at ``seq.num_tokens``."""
+
+    seq: SequenceKV
+    token_ids: list[int]
+    all_token_ids: list[int]   # the sequence's tokens so far including these (for page hashes)
+    new_pages: list[int] | None = None
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, kv: KVCache) -> None:
+        self.model = model
+        self.kv = kv
+        self.page_size = kv.format.page_size
+
+    def pages_needed(self, seq: SequenceKV, num_new_tokens: int) -> int:
+        """Pages to quantise: every page before the one holding the newest token.
+
+        The newest token's page stays the bf16 tail even when full (1..page_size tokens); it is
+        quantised when the next token arrives. So a query always finds its own page in the tail,
+        and every earlier page in the pool, which is what the decode kernels assume.
+        """
+        return (seq.num_tokens + num_new_tokens - 1) // self.page_size - len(seq.pages)
+
+    @torch.inference_mode()
+    def forward(self, segments: list[Segment]) -> torch.Tensor:
+        """Run the segments; returns float32 logits of each segment's last token [S, vocab]."""
+        kv = self.kv
+        needed = sum(self.pages_needed(s.seq, len(s.token_ids)) for s in segments)
+        if not kv.pool.can_allocate(needed):
+            kv.pool.allocate(needed)  # raises OutOfPagesError with the counts
+        for s in segments:
+            if s.seq.tail_slot < 0:
+                s.seq.tail_slot = kv.tails.allocate()
+            s.new_pages = kv.pool.allocate(self.pages_needed(s.seq, len(s.token_ids)))
+
+        dev = kv.device
+        ids = torch.tensor([t for s in segments for t in s.token_ids], dtype=torch.long, device=dev)
+        pos = torch.cat([torch.arange(s.seq.num_tokens, s.seq.num_tokens + len(s.token_ids), device=dev)
+                         for s in segments])
+        bounds, row = [], 0
+        for s in segments:
+            bounds.append((row, row + len(s.token_ids)))
+            row += len(s.token_ids)
+
+        def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            out = torch.empty_like(q)
+            for s, (r0, r1) in zip(segments, bounds):
+                out[r0:r1] = self._attend_one(layer, s, q[r0:r1], k[r0:r1], v[r0:r1], pos[r0:r1])
+            return out
+
+        try:
+            logits = self.model(ids, pos, attn, logits_indices=torch.tensor([b[1] - 1 for b in bounds], device=dev))
+        except BaseException:
+            for s in segments:
+                kv.pool.release(s.new_pages or [])
+                s.new_pages = None
+            raise
+        for s in segments:
+            self._commit(s)
+        return logits
+
+    def _attend_one(self, layer: int, s: Segment, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    pos: torch.Tensor) -> torch.Tensor:
+        kv, p, seq = self.kv, self.page_size, s.seq
+        open_start = len(seq.pages) * p
+        n_full = len(s.new_pages) * p
+        opened = []
+        for part, new in ((0, k), (1, v)):
+            x = torch.cat((kv.read_tail(layer, part, seq).float(), new.to(torch.bfloat16).float()))
+            if n_full:
+                kv.write_pages(layer, part, s.new_pages, x[:n_full].reshape(-1, p, *x.shape[1:]))
+            kv.write_tail(layer, part, seq.tail_slot, x[n_full:])
+            opened.append(x)
+        pages = seq.pages + s.new_pages
+        k_pages = kv.read_pages(layer, 0, pages)
+        v_pages = kv.read_pages(layer, 1, pages)
+        return attend_paged_reference(q, pos, k_pages, v_pages, opened[0], opened[1], open_start, p)
+
+    def _commit(self, s: Segment) -> None:
+        """After a successful forward: the new pages join the sequence and the prefix cache."""
+        seq = s.seq
+        seq.pages.extend(s.new_pages)
+        seq.num_tokens += len(s.token_ids)
+        if s.new_pages:
+            done = len(seq.chain_hashes)
+            hashes = page_chain_hashes(self.kv.format.hash, s.all_token_ids[:len(seq.pages) * self.page_size],
+                                       self.page_size, seq.chain_hashes[-1] if done else None, done)
+            for page, h in zip(seq.pages[done:], hashes):
+                self.kv.pool.publish(page, h)
+            seq.chain_hashes.extend(hashes)
+        s.new_pages = None
+
+    def release(self, seq: SequenceKV) -> None:
+        """Free everything a sequence holds (finished, failed or aborted)."""
+        self.kv.pool.release(seq.pages)
+        seq.pages = []
+        seq.chain_hashes = []
+        if seq.tail_slot >= 0:
+            self.kv.tails.release(seq.tail_slot)
+            seq.tail_slot = -1
+        seq.num_tokens = 0

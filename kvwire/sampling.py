@@ -1,0 +1,47 @@
+"""Token sampling: greedy, temperature and nucleus (top-p), reproducible with a seed."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 64
+    temperature: float = 0.0      # 0 = greedy
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_at_eos: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+class Sampler:
+    """Samples one token from float32 logits [vocab]; owns its generator so runs repeat."""
+
+    def __init__(self, params: SamplingParams) -> None:
+        self.params = params
+        self.generator = torch.Generator()
+        if params.seed is not None:
+            self.generator.manual_seed(params.seed)
+        else:
+            self.generator.seed()
+
+    def __call__(self, logits: torch.Tensor) -> int:
+        p = self.params
+        if p.temperature == 0:
+            return int(torch.argmax(logits))
+        probs = torch.softmax(logits.float().cpu() / p.temperature, dim=-1)
+        if p.top_p < 1:
+            sorted_p, order = torch.sort(probs, descending=True)
+            keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < p.top_p
+            sorted_p = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
+            return int(order[torch.multinomial(sorted_p, 1, generator=self.generator)])
+        return int(torch.multinomial(probs, 1, generator=self.generator))

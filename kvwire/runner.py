@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvwire.attention import attend_paged_reference
+from kvwire.attention import attend_paged_reference, page_causal_mask
 from kvwire.kv_cache import KVCache, SequenceKV
 from kvwire.page_pool import page_chain_hashes
 
@@ -62,10 +62,12 @@ class ModelRunner:
             bounds.append((row, row + len(s.token_ids)))
             row += len(s.token_ids)
 
+        masks = [self._mask(s, pos[r0:r1]) for s, (r0, r1) in zip(segments, bounds)]
+
         def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             out = torch.empty_like(q)
-            for s, (r0, r1) in zip(segments, bounds):
-                out[r0:r1] = self._attend_one(layer, s, q[r0:r1], k[r0:r1], v[r0:r1], pos[r0:r1])
+            for s, (r0, r1), mask in zip(segments, bounds, masks):
+                out[r0:r1] = self._attend_one(layer, s, q[r0:r1], k[r0:r1], v[r0:r1], pos[r0:r1], mask)
             return out
 
         try:
@@ -79,8 +81,14 @@ class ModelRunner:
             self._commit(s)
         return logits
 
+    def _mask(self, s: Segment, pos: torch.Tensor) -> torch.Tensor:
+        seq, p = s.seq, self.page_size
+        num_pages = len(seq.pages) + len(s.new_pages)
+        open_len = seq.tail_len(p) + len(s.token_ids)
+        return page_causal_mask(pos, num_pages * p, len(seq.pages) * p, open_len, p)
+
     def _attend_one(self, layer: int, s: Segment, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    pos: torch.Tensor) -> torch.Tensor:
+                    pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         kv, p, seq = self.kv, self.page_size, s.seq
         open_start = len(seq.pages) * p
         n_full = len(s.new_pages) * p
@@ -94,7 +102,7 @@ class ModelRunner:
         pages = seq.pages + s.new_pages
         k_pages = kv.read_pages(layer, 0, pages)
         v_pages = kv.read_pages(layer, 1, pages)
-        return attend_paged_reference(q, pos, k_pages, v_pages, opened[0], opened[1], open_start, p)
+        return attend_paged_reference(q, pos, k_pages, v_pages, opened[0], opened[1], open_start, p, mask)
 
     def _commit(self, s: Segment) -> None:
         """After a successful forward: the new pages join the sequence and the prefix cache."""

@@ -2,7 +2,7 @@
 
 from kvwire.model.config import SHAPES, Llama3RopeScaling, ModelConfig
 from kvwire.model.llama import AttentionFn, LlamaModel, dense_causal_attention, generate_without_cache
-from kvwire.model.registry import load_model
+from kvwire.model.registry import load_model, load_model_config
 from kvwire.model.tokenizer import StreamDecoder, Tokenizer
 
 __all__ = [
@@ -16,4 +16,5 @@ __all__ = [
     "dense_causal_attention",
     "generate_without_cache",
     "load_model",
+    "load_model_config",
 ]

@@ -180,7 +180,7 @@ class LlamaModel(torch.nn.Module):
         """Dummy weights (for benchmarking shapes without a checkpoint), generated on-device."""
         generator = torch.Generator(device=self.device).manual_seed(seed)
         for name, param in self.named_parameters():
-            if name.endswith("norm") or "layernorm" in name:
+            if name.endswith("norm"):
                 param.fill_(1.0)
             else:
                 param.normal_(0.0, std, generator=generator)

@@ -12,14 +12,15 @@ from pathlib import Path
 
 import torch
 
-from kvwire.model.config import SHAPES
-from kvwire.model.gguf_loader import find_smollm2_gguf, load_gguf_model, open_gguf
-from kvwire.model.hf_loader import load_hf_model
+from kvwire.model.config import SHAPES, ModelConfig
+from kvwire.model.gguf_loader import config_from_gguf, find_smollm2_gguf, load_gguf_model, open_gguf
+from kvwire.model.hf_loader import config_from_hf, load_hf_model
 from kvwire.model.llama import LlamaModel
 from kvwire.model.tokenizer import Tokenizer
 
 LOAD_FORMATS = ("auto", "gguf", "hf", "dummy")
 DEFAULT_SOURCE = "smollm2"
+SMOLLM2_NAME = "smollm2-135m-instruct"
 _DUMMY_SEED = 0
 
 
@@ -40,15 +41,17 @@ def _hf_tokenizer(directory: Path, model: LlamaModel) -> Tokenizer | None:
     file = directory / "tokenizer.json"
     if not file.is_file():
         return None
-    add_bos = False
+    add_bos = None
     config_file = directory / "tokenizer_config.json"
     if config_file.is_file():
-        add_bos = bool(json.loads(config_file.read_text()).get("add_bos_token", False))
+        add_bos = json.loads(config_file.read_text()).get("add_bos_token")
     cfg = model.config
     return Tokenizer.from_file(file, cfg.bos_token_id, cfg.eos_token_ids, add_bos=add_bos)
 
 
 def _resolve_format(source: str, load_format: str) -> str:
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {load_format!r}")
     if load_format != "auto":
         return load_format
     path = Path(source)
@@ -56,6 +59,10 @@ def _resolve_format(source: str, load_format: str) -> str:
         return "gguf"
     if path.is_dir() and (path / "config.json").is_file():
         return "hf"
+    if not path.exists():
+        raise FileNotFoundError(
+            f"model {source!r} not found: give {DEFAULT_SOURCE!r}, a .gguf file or a Hugging Face directory"
+        )
     raise ValueError(
         f"cannot tell how to load {source!r}: expected {DEFAULT_SOURCE!r}, a .gguf file, "
         "or a Hugging Face directory with config.json"
@@ -75,14 +82,10 @@ def load_model(
     Hugging Face directory. ``load_format``: "auto" | "gguf" | "hf" | "dummy"; "dummy" builds
     random weights at ``SHAPES[model_shape]`` directly on ``device`` and ignores ``source``.
     """
-    if load_format not in LOAD_FORMATS:
-        raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {load_format!r}")
     dtype = default_dtype(device) if dtype is None else dtype
     fmt = _resolve_format(source, load_format)
     if fmt == "dummy":
-        if model_shape not in SHAPES:
-            raise ValueError(f"--load-format dummy needs --model-shape in {sorted(SHAPES)}, got {model_shape!r}")
-        model = LlamaModel(SHAPES[model_shape], dtype=dtype, device=device)
+        model = LlamaModel(_dummy_shape(model_shape), dtype=dtype, device=device)
         model.init_random(seed=_DUMMY_SEED)
         tokenizer = None
         if model_shape == "smollm2-135m":
@@ -94,13 +97,44 @@ def load_model(
     if model_shape is not None:
         raise ValueError("model_shape is only meaningful with load_format='dummy'")
     if fmt == "gguf":
-        path = find_smollm2_gguf() if source == DEFAULT_SOURCE else Path(source)
-        if not path.is_file():
-            raise FileNotFoundError(f"GGUF file {path} not found")
+        path, name = _gguf_path(source)
         reader = open_gguf(path)
-        name = "smollm2-135m-instruct" if source == DEFAULT_SOURCE else None
         model = load_gguf_model(path, dtype=dtype, device=device, reader=reader, name=name)
         return model, _gguf_tokenizer(reader)
     directory = Path(source)
     model = load_hf_model(directory, dtype=dtype, device=device)
     return model, _hf_tokenizer(directory, model)
+
+
+def load_model_config(
+    source: str = DEFAULT_SOURCE, load_format: str = "auto", model_shape: str | None = None
+) -> ModelConfig:
+    """The :class:`ModelConfig` :func:`load_model` would build, without reading any weights."""
+    fmt = _resolve_format(source, load_format)
+    if fmt == "dummy":
+        return _dummy_shape(model_shape)
+    if model_shape is not None:
+        raise ValueError("model_shape is only meaningful with load_format='dummy'")
+    if fmt == "gguf":
+        path, name = _gguf_path(source)
+        return config_from_gguf(open_gguf(path), name=name or path.stem)
+    config_file = Path(source) / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{config_file} not found; not a Hugging Face model directory")
+    return config_from_hf(json.loads(config_file.read_text()), name=Path(source).name)
+
+
+def _dummy_shape(model_shape: str | None) -> ModelConfig:
+    if model_shape not in SHAPES:
+        raise ValueError(f"load_format='dummy' needs model_shape in {sorted(SHAPES)}, got {model_shape!r}")
+    return SHAPES[model_shape]
+
+
+def _gguf_path(source: str) -> tuple[Path, str | None]:
+    """File to read and the config name to give it (the packaged model gets a stable name)."""
+    if source == DEFAULT_SOURCE:
+        return find_smollm2_gguf(), SMOLLM2_NAME
+    path = Path(source)
+    if not path.is_file():
+        raise FileNotFoundError(f"GGUF file {path} not found")
+    return path, None

@@ -91,19 +91,23 @@ class Tokenizer:
         tokens = list(field_value(reader, "tokenizer.ggml.tokens"))
         types = list(field_value(reader, "tokenizer.ggml.token_type", []))
         merges = [tuple(m.split(" ", 1)) for m in field_value(reader, "tokenizer.ggml.merges", [])]
-        alphabet = set(_bytes_to_unicode().values())
         spelling = _bytes_to_unicode()
-        vocab = {
-            (t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8"))): i
-            for i, t in enumerate(tokens)
-        }
-        backend = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+        alphabet = set(spelling.values())
+        spelled = [t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8")) for t in tokens]
+        backend = HFTokenizer(
+            models.BPE(vocab={t: i for i, t in enumerate(spelled)}, merges=merges, fuse_unk=False, byte_fallback=False)
+        )
         backend.pre_tokenizer = _pre_tokenizer(field_value(reader, "tokenizer.ggml.pre"))
         backend.decoder = decoders.ByteLevel()
-        control = [AddedToken(tokens[i], special=True, normalized=False) for i, t in enumerate(types) if t == _GGUF_CONTROL]
-        user = [AddedToken(tokens[i], special=False, normalized=False) for i, t in enumerate(types) if t == _GGUF_USER_DEFINED]
-        backend.add_special_tokens(control)
-        backend.add_tokens(user)
+        # Control (<|im_start|>) and user-defined tokens must match whole in text, never be BPE-split.
+        # One whose text had to be re-spelled is a mislabel; adding it would grow the vocabulary.
+        whole = [
+            (tokens[i], kind == _GGUF_CONTROL)
+            for i, kind in enumerate(types)
+            if kind in (_GGUF_CONTROL, _GGUF_USER_DEFINED) and spelled[i] == tokens[i]
+        ]
+        backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, special in whole if special])
+        backend.add_tokens([AddedToken(t, special=False, normalized=False) for t, special in whole if not special])
         bos = field_value(reader, "tokenizer.ggml.bos_token_id")
         eos = [field_value(reader, k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")]
         template = field_value(reader, "tokenizer.chat_template") or ""
@@ -118,10 +122,17 @@ class Tokenizer:
 
     @classmethod
     def from_file(
-        cls, path: str | Path, bos_token_id: int | None, eos_token_ids: tuple[int, ...], add_bos: bool = False
+        cls, path: str | Path, bos_token_id: int | None, eos_token_ids: tuple[int, ...], add_bos: bool | None = None
     ) -> Tokenizer:
-        """Load a Hugging Face ``tokenizer.json``; special ids come from the model config."""
-        return cls(HFTokenizer.from_file(str(path)), bos_token_id, eos_token_ids, add_bos=add_bos)
+        """Load a Hugging Face ``tokenizer.json``; special ids come from the model config.
+
+        ``add_bos=None`` infers it from the file's post-processor (Llama 3 adds BOS there, and its
+        tokenizer_config.json has no ``add_bos_token``), since we encode without special tokens.
+        """
+        backend = HFTokenizer.from_file(str(path))
+        if add_bos is None:
+            add_bos = bos_token_id is not None and backend.encode("a").ids[:1] == [bos_token_id]
+        return cls(backend, bos_token_id, eos_token_ids, add_bos=add_bos)
 
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
         """Token ids of ``text``; special tokens written in the text (``<|im_start|>``) stay whole."""

@@ -74,6 +74,10 @@ class Generation:
             self.token_ids.append(t)
             yield t
 
+    def close(self) -> None:
+        """Abort: stop generating and free the request's pages now."""
+        self.tokens.close()
+
 
 class Engine:
     def __init__(self, model: torch.nn.Module, config: EngineConfig = EngineConfig(),
@@ -124,7 +128,7 @@ class Engine:
             hashes = page_chain_hashes(self.page_format.hash, ids, p)
             # Keep at least one prompt token to run, so the last position yields logits.
             reused = self.kv.pool.acquire_prefix(hashes[:(len(ids) - 1) // p])
-            seq.pages, seq.chain_hashes = reused, hashes[:len(reused)]
+            seq.pages, seq.chain_hashes = list(reused), hashes[:len(reused)]
             seq.num_tokens = seq.prefix_pages_reused = len(reused) * p
             summary.prefix_pages_reused = len(reused)
             logits = None

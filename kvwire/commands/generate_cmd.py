@@ -43,6 +43,8 @@ def _prompts(args: argparse.Namespace) -> list[str]:
         return lines
     if args.prompt is None:
         raise UsageError("give a prompt, e.g. kvwire generate \"The capital of France is\"")
+    if not args.prompt.strip():
+        raise UsageError("the prompt is empty: give some text")
     return [args.prompt]
 
 
@@ -67,8 +69,6 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("this model has no tokenizer (dummy weights); generate needs text")
     engine = Engine(model, config, calibration_ids=tokenizer.encode(CALIBRATION_TEXT))
     for text in prompts:
-        if not text.strip():
-            raise UsageError("the prompt is empty: give some text")
         ids = tokenizer.encode(tokenizer.apply_chat_template(text) if args.chat else text)
         for _ in range(args.repeat):
             engine.validate(ids, params)

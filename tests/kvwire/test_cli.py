@@ -1,0 +1,63 @@
+"""The `kvwire` CLI as a user runs it: real subprocesses, real model."""
+import subprocess
+import sys
+
+import pytest
+
+
+def kvwire(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvwire.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def assert_one_line_error(r: subprocess.CompletedProcess, *words: str) -> None:
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    for w in words:
+        assert w in lines[0]
+
+
+def test_unknown_format_is_one_line_exit_2():
+    assert_one_line_error(kvwire("generate", "--kv-format", "fp4", "hello"), "fp4", "fp8-token", "nvfp4")
+
+
+def test_empty_prompt_is_one_line_exit_2():
+    assert_one_line_error(kvwire("generate", "   "), "empty")
+
+
+def test_help_lists_commands():
+    r = kvwire("--help")
+    assert r.returncode == 0 and "formats" in r.stdout and "generate" in r.stdout
+
+
+@pytest.mark.slow
+def test_prompt_over_context_is_one_line_exit_2(tmp_path):
+    f = tmp_path / "long.txt"
+    f.write_text("word " * 9000 + "\n")
+    assert_one_line_error(kvwire("generate", "--prompts-file", str(f)), "8191", "tokens")
+
+
+@pytest.mark.slow
+def test_formats_table_for_smollm2():
+    r = kvwire("formats", "--json")
+    assert r.returncode == 0, r.stderr
+    import json
+    rows = {row["name"]: row for row in json.loads(r.stdout)["formats"]}
+    assert rows["bf16"]["bytes_per_token"] == 23040
+    assert all(0.50 <= rows[f"fp8-{g}"]["ratio_to_bf16"] <= 0.54 for g in ("tensor", "head", "page", "token"))
+    assert 0.28 <= rows["nvfp4"]["ratio_to_bf16"] <= 0.29
+    assert rows["nvfp4"]["ratio_to_bf16"] < rows["fp8-token/nvfp4"]["ratio_to_bf16"] < rows["fp8-token"]["ratio_to_bf16"]
+
+
+@pytest.mark.slow
+def test_generate_streams_paris_and_reuses_prefix_on_repeat():
+    r = kvwire("generate", "--kv-format", "fp8-token", "--max-tokens", "4", "--repeat", "2",
+               "Here is a list of countries and their capitals. Germany: Berlin. Spain: Madrid. Italy: Rome. France:")
+    assert r.returncode == 0, r.stderr
+    summaries = [ln for ln in r.stdout.splitlines() if ln.startswith("[kvwire]")]
+    assert len(summaries) == 2
+    assert "Paris" in r.stdout
+    assert "pages written 1 " in summaries[0] and "prefix pages reused 0 " in summaries[0]
+    assert "pages written 0 " in summaries[1] and "prefix pages reused 1 " in summaries[1]

@@ -118,39 +118,54 @@ class Engine:
         summary = RequestSummary(prompt_tokens=len(prompt_ids))
         return Generation(self._run(list(prompt_ids), params, summary), summary)
 
+    def prefill(self, seq: SequenceKV, ids: list[int]) -> torch.Tensor:
+        """Fill an empty ``seq`` with the prompt's K/V, reusing cached prefix pages.
+
+        Returns the float32 logits of the last prompt token. On failure the caller releases ``seq``.
+        """
+        p = self.config.page_size
+        hashes = page_chain_hashes(self.page_format.hash, ids, p)
+        # Keep at least one prompt token to run, so the last position yields logits.
+        reused = self.kv.pool.acquire_prefix(hashes[:(len(ids) - 1) // p])
+        seq.pages, seq.chain_hashes = list(reused), hashes[:len(reused)]
+        seq.num_tokens = len(reused) * p
+        seq.prefix_pages_reused = len(reused)
+        logits = None
+        while seq.num_tokens < len(ids):
+            chunk = ids[seq.num_tokens:seq.num_tokens + self.config.chunk_size]
+            logits = self.runner.forward([Segment(seq, chunk, ids[:seq.num_tokens + len(chunk)])])
+        return logits[0]
+
+    def finish_reason(self, token: int, generated: int, total_tokens: int, params: SamplingParams) -> str | None:
+        """Why a request stops after sampling ``token`` (None: it goes on)."""
+        if params.stop_at_eos and token in self.model.config.eos_token_ids:
+            return "eos"
+        if generated >= params.max_tokens or total_tokens >= self.max_context:
+            return "length"
+        return None
+
     def _run(self, ids: list[int], params: SamplingParams, summary: RequestSummary) -> Iterator[int]:
         p = self.config.page_size
         start = time.perf_counter()
         seq = SequenceKV()
         sampler = Sampler(params)
-        eos = set(self.model.config.eos_token_ids)
         try:
-            hashes = page_chain_hashes(self.page_format.hash, ids, p)
-            # Keep at least one prompt token to run, so the last position yields logits.
-            reused = self.kv.pool.acquire_prefix(hashes[:(len(ids) - 1) // p])
-            seq.pages, seq.chain_hashes = list(reused), hashes[:len(reused)]
-            seq.num_tokens = seq.prefix_pages_reused = len(reused) * p
-            summary.prefix_pages_reused = len(reused)
-            logits = None
-            while seq.num_tokens < len(ids):
-                chunk = ids[seq.num_tokens:seq.num_tokens + self.config.chunk_size]
-                logits = self.runner.forward([Segment(seq, chunk, ids[:seq.num_tokens + len(chunk)])])
-            summary.pages_written = len(seq.pages) - len(reused)
+            logits = self.prefill(seq, ids)
+            summary.prefix_pages_reused = seq.prefix_pages_reused
+            summary.pages_written = len(seq.pages) - seq.prefix_pages_reused
             while True:
-                token = sampler(logits[0])
+                token = sampler(logits)
                 if summary.completion_tokens == 0:
                     summary.ttft_s = time.perf_counter() - start
                 ids.append(token)
                 summary.completion_tokens += 1
                 yield token
-                if params.stop_at_eos and token in eos:
-                    summary.finish_reason = "eos"
-                    break
-                if summary.completion_tokens >= params.max_tokens or len(ids) >= self.max_context:
-                    summary.finish_reason = "length"
+                reason = self.finish_reason(token, summary.completion_tokens, len(ids), params)
+                if reason:
+                    summary.finish_reason = reason
                     break
                 before = len(seq.pages)
-                logits = self.runner.forward([Segment(seq, [token], ids)])
+                logits = self.runner.forward([Segment(seq, [token], ids)])[0]
                 summary.pages_written += len(seq.pages) - before
             tail = seq.tail_len(p)
             summary.kv_bytes = len(seq.pages) * self.page_format.page_bytes + tail * self.page_format.bf16_bytes_per_token

@@ -22,7 +22,9 @@ class Segment:
 
     seq: SequenceKV
     token_ids: list[int]
-    all_token_ids: list[int]   # the sequence's tokens so far including these (for page hashes)
+    # The sequence's tokens so far including these, to publish full pages in the prefix cache;
+    # None: do not publish (a decode worker that never saw the prompt).
+    all_token_ids: list[int] | None
     new_pages: list[int] | None = None
 
 
@@ -109,7 +111,7 @@ class ModelRunner:
         seq = s.seq
         seq.pages.extend(s.new_pages)
         seq.num_tokens += len(s.token_ids)
-        if s.new_pages:
+        if s.new_pages and s.all_token_ids is not None:
             done = len(seq.chain_hashes)
             hashes = page_chain_hashes(self.kv.format.hash, s.all_token_ids[:len(seq.pages) * self.page_size],
                                        self.page_size, seq.chain_hashes[-1] if done else None, done)

@@ -1,0 +1,213 @@
+"""Decode worker: admits manifests, pulls their pages, decodes in a continuous batch.
+
+Admission: the manifest is fully validated (format hash, page ids, lengths) before a byte
+moves; then pages and a tail slot are allocated (waiting, not failing, while the pool or the
+batch is full), the compact pages are READ from the prefill worker's pool, and the transport's
+notice tells the prefill side it may free them. Every step decodes one token for every running
+request; requests join and leave between steps. Finished, failed and aborted requests free
+their pages at once.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from kvwire.kv_cache import SequenceKV
+from kvwire.runner import Segment
+from kvwire.sampling import Sampler, SamplingParams
+from kvwire.worker_config import WorkerConfig, build_engine
+from prefill.worker import DONE_PREFIX
+from transfer import make_transport
+from transfer.handle import TransferState
+from transfer.handshake import decode_handshake
+from transfer.manifest import ManifestError, decode_manifest
+
+
+class AdmissionError(RuntimeError):
+    """A manifest was valid but its pages could not be brought in (transfer failed, timed out)."""
+
+
+@dataclass
+class TokenBatch:
+    tokens: list[int]
+    finished: str | None = None     # finish reason once done: eos, length, aborted, error: ...
+
+
+@dataclass
+class _Request:
+    rid: str
+    seq: SequenceKV
+    params: SamplingParams
+    sampler: Sampler
+    last_token: int
+    generated: int
+    out: "queue.Queue[int | str]" = field(default_factory=queue.Queue)   # tokens, then a finish reason
+
+
+class DecodeWorker:
+    def __init__(self, cfg: WorkerConfig) -> None:
+        self.cfg = cfg
+        self.engine, self.tokenizer = build_engine(cfg)
+        self.kv = self.engine.kv
+        self.transport = make_transport(cfg.transport, cfg.name)
+        self.transport.register_pool(self.kv.pool.storage, self.engine.page_format)
+        self._running: dict[str, _Request] = {}
+        self._finished: dict[str, _Request] = {}
+        self._lock = threading.Lock()              # pool, tails, runner and the request maps
+        self._changed = threading.Condition(self._lock)
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name=f"{cfg.name}-decode", daemon=True)
+        self._thread.start()
+
+    def handshake(self) -> bytes:
+        return self.transport.handshake().encode()
+
+    def add_peer(self, handshake: bytes) -> str:
+        return self.transport.add_peer(decode_handshake(handshake))
+
+    # ---- admission ----
+    def admit(self, manifest_blob: bytes, params: SamplingParams, timeout_s: float = 60.0) -> str:
+        """Bring a prefilled request in; returns its id. Raises ManifestError before any transfer."""
+        m = decode_manifest(manifest_blob, self.engine.page_format)
+        self._check_scales(m)
+        if m.sender not in self.transport.peers:
+            raise ManifestError(f"manifest sender {m.sender!r} is not a connected peer of {self.cfg.name}")
+        pages, slot = self._reserve(m.request_id, len(m.page_ids), timeout_s)
+        seq = SequenceKV(pages=pages, tail_slot=slot, num_tokens=m.num_tokens)
+        try:
+            if pages:
+                handle = self.transport.read_pages(m.sender, list(m.page_ids), pages, self.cfg.transfer_deadline_s,
+                                                   notify=DONE_PREFIX + m.request_id.encode())
+                state = handle.wait(self.cfg.transfer_deadline_s + 1.0)
+                if state is not TransferState.DONE:
+                    handle.abort()
+                    raise AdmissionError(f"pulling {len(pages)} pages of {m.request_id} from {m.sender} ended "
+                                         f"{state.value}")
+            else:
+                self.transport.send_notification(m.sender, DONE_PREFIX + m.request_id.encode())
+            tail = m.tail_tensor().to(self.kv.device)
+            with self._lock:
+                self.kv.tails.data[slot, :, :, :, :m.tail_len] = tail
+        except BaseException:
+            with self._lock:
+                self.engine.runner.release(seq)
+                self._changed.notify_all()
+            raise
+        req = _Request(m.request_id, seq, params, Sampler(params), m.first_token, 1)
+        req.out.put(m.first_token)
+        reason = self.engine.finish_reason(m.first_token, 1, m.num_tokens + 1, params)
+        with self._lock:
+            if reason:
+                self._finish(req, reason)
+            else:
+                self._running[m.request_id] = req
+            self._changed.notify_all()
+        return m.request_id
+
+    def _check_scales(self, m) -> None:
+        theirs = m.static_scales_tensor()
+        if theirs is None:
+            return
+        ours = self.kv.static_scales.cpu()
+        if not torch.equal(ours, theirs):
+            raise ManifestError(f"manifest {m.request_id} carries static scales that differ from "
+                                f"{self.cfg.name}'s calibration: pools of one format must share scales")
+
+    def _reserve(self, rid: str, num_pages: int, timeout_s: float) -> tuple[list[int], int]:
+        """Pages and a tail slot; waits (queues) while the pool or the batch is full."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            if rid in self._running:
+                raise ValueError(f"request {rid!r} is already running on {self.cfg.name}")
+            while not (self.kv.pool.can_allocate(num_pages + len(self._running) + 1)
+                       and len(self._running) < self.cfg.max_batch and self.kv.tails.free_slots > 0):
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stop:
+                    raise AdmissionError(f"{self.cfg.name} had no room for {num_pages} pages within {timeout_s:.0f} s")
+                self._changed.wait(left)
+            return self.kv.pool.allocate(num_pages), self.kv.tails.allocate()
+
+    # ---- streaming ----
+    def next_tokens(self, rid: str, timeout_s: float = 1.0) -> TokenBatch:
+        """Tokens produced since the last call (blocking up to ``timeout_s`` for the first)."""
+        with self._lock:
+            req = self._running.get(rid) or self._finished.get(rid)
+        if req is None:
+            raise KeyError(f"no request {rid!r} on {self.cfg.name}")
+        out = TokenBatch([])
+        try:
+            item = req.out.get(timeout=timeout_s)
+            while True:
+                if isinstance(item, str):
+                    out.finished = item
+                    with self._lock:
+                        self._finished.pop(rid, None)
+                    break
+                out.tokens.append(item)
+                item = req.out.get_nowait()
+        except queue.Empty:
+            pass
+        return out
+
+    def abort(self, rid: str) -> bool:
+        with self._lock:
+            req = self._running.pop(rid, None)
+            if req is not None:
+                self._finish(req, "aborted")
+                self._changed.notify_all()
+        return req is not None
+
+    def counters(self) -> dict:
+        with self._lock:
+            c = self.kv.pool.counters()
+            return {"worker": self.cfg.name, "role": "decode", "format": self.engine.page_format.name,
+                    "pages_in_use": c.used, "pages_free": c.free + c.evictable,
+                    "running": len(self._running)}
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._stop = True
+            for req in list(self._running.values()):
+                self._finish(req, "aborted")
+            self._running.clear()
+            self._changed.notify_all()
+        self._thread.join(timeout=10)
+        self.transport.close()
+
+    # ---- the decode loop ----
+    def _finish(self, req: _Request, reason: str) -> None:
+        """Caller holds the lock: free the request's pages and close its stream."""
+        self.engine.runner.release(req.seq)
+        req.out.put(reason)
+        self._finished[req.rid] = req
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._running and not self._stop:
+                    self._changed.wait()
+                if self._stop:
+                    return
+                batch = list(self._running.values())
+                try:
+                    logits = self.engine.runner.forward([Segment(r.seq, [r.last_token], None) for r in batch])
+                except Exception as exc:  # a failed step fails its batch, never the worker
+                    for r in batch:
+                        self._running.pop(r.rid, None)
+                        self._finish(r, f"error: {type(exc).__name__}: {exc}")
+                    self._changed.notify_all()
+                    continue
+                for r, row in zip(batch, logits):
+                    token = r.sampler(row)
+                    r.generated += 1
+                    r.last_token = token
+                    r.out.put(token)
+                    reason = self.engine.finish_reason(token, r.generated, r.seq.num_tokens + 1, r.params)
+                    if reason:
+                        self._running.pop(r.rid, None)
+                        self._finish(r, reason)
+                self._changed.notify_all()

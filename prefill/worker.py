@@ -1,0 +1,117 @@
+"""Prefill worker: runs prompts into compact pages and hands them over by manifest.
+
+A request's pages stay held after ``prefill`` returns, until the decode side's notice says it
+has them (``done:<request_id>``, delivered by the transport after the last byte landed), an
+explicit ``release``, or ``hold_timeout_s`` (a decode worker that died never answers).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from kvwire.kv_cache import SequenceKV
+from kvwire.sampling import Sampler, SamplingParams
+from kvwire.worker_config import WorkerConfig, build_engine
+from transfer import make_transport
+from transfer.handshake import decode_handshake
+from transfer.manifest import Manifest
+
+DONE_PREFIX = b"done:"
+
+
+@dataclass
+class _Held:
+    seq: SequenceKV
+    since: float
+
+
+class PrefillWorker:
+    def __init__(self, cfg: WorkerConfig) -> None:
+        self.cfg = cfg
+        self.engine, self.tokenizer = build_engine(cfg)
+        self.kv = self.engine.kv
+        self.transport = make_transport(cfg.transport, cfg.name)
+        self.transport.register_pool(self.kv.pool.storage, self.engine.page_format)
+        self._held: dict[str, _Held] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch_notices, name=f"{cfg.name}-notices", daemon=True)
+        self._thread.start()
+
+    # ---- connection ----
+    def handshake(self) -> bytes:
+        return self.transport.handshake().encode()
+
+    def add_peer(self, handshake: bytes) -> str:
+        return self.transport.add_peer(decode_handshake(handshake))
+
+    # ---- requests ----
+    def prefill(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> bytes:
+        """Prefill, sample the first token, and return the manifest (msgpack bytes)."""
+        with self._lock:
+            if request_id in self._held:
+                raise ValueError(f"request {request_id!r} is already held by {self.cfg.name}")
+        self.engine.validate(prompt_ids, params)
+        seq = SequenceKV()
+        try:
+            with self._lock:  # one forward at a time: the runner is not thread-safe
+                logits = self.engine.prefill(seq, list(prompt_ids))
+                first = Sampler(params)(logits)
+                manifest = Manifest.from_tensors(
+                    request_id=request_id, page_format=self.engine.page_format, page_ids=seq.pages,
+                    tail=self.kv.tails.data[seq.tail_slot, :, :, :, :seq.tail_len(self.cfg.page_size)].cpu(),
+                    first_token=first, sender=self.transport.name, sender_num_pages=self.kv.pool.num_pages,
+                    static_scales=self.kv.static_scales.cpu() if self.kv.needs_static_scales() else None)
+                self._held[request_id] = _Held(seq, time.monotonic())
+        except BaseException:
+            with self._lock:
+                self.engine.runner.release(seq)
+            raise
+        return manifest.encode()
+
+    def release(self, request_id: str) -> bool:
+        """Free a request's pages (decode has them, or the request died). False if not held."""
+        with self._lock:
+            held = self._held.pop(request_id, None)
+            if held is not None:
+                self.engine.runner.release(held.seq)
+        return held is not None
+
+    def counters(self) -> dict:
+        with self._lock:
+            c = self.kv.pool.counters()
+            return {"worker": self.cfg.name, "role": "prefill", "format": self.engine.page_format.name,
+                    "pages_in_use": c.used, "pages_cached": c.cached, "pages_free": c.free + c.evictable,
+                    "requests_held": len(self._held)}
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.transport.close()
+
+    # ---- background ----
+    def _watch_notices(self) -> None:
+        """Free pages on decode notices, and expire holds nobody claimed.
+
+        Transports deliver notices only when polled, so this sleeps between polls, longer while
+        nothing is held.
+        """
+        idle = 0.002
+        while not self._stop.is_set():
+            got = False
+            for _peer, msg in self.transport.poll_notifications():
+                if msg.startswith(DONE_PREFIX):
+                    got = self.release(msg[len(DONE_PREFIX):].decode()) or got
+            self._expire()
+            with self._lock:
+                busy = bool(self._held)
+            idle = 0.002 if got else min(idle * 2, 0.02 if busy else 0.2)
+            self._stop.wait(idle)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            stale = [rid for rid, h in self._held.items() if now - h.since > self.cfg.hold_timeout_s]
+        for rid in stale:
+            self.release(rid)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvwire.commands import formats_cmd, generate_cmd
+from kvwire.commands import bench_cmd, formats_cmd, generate_cmd
 from kvwire.errors import USER_ERRORS
 
 DESCRIPTION = """\
@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     formats_cmd.add_parser(sub)
     generate_cmd.add_parser(sub)
+    bench_cmd.add_parser(sub)
     return parser
 
 

@@ -82,9 +82,12 @@ class KVCache:
     # ---- pages ----
     def write_pages(self, layer: int, part: int, page_ids: list[int], x: torch.Tensor) -> None:
         """Quantise full pages ``x`` [n, P, H, D] of one layer's K (part 0) or V (part 1) into the pool."""
-        fmt = self.format.part_format(part)
-        sections = quantize_pages(x, fmt, self._static(layer, part))
         idx = torch.tensor(page_ids, dtype=torch.long, device=self.device)
+        if self.device.type == "cuda":
+            from kvwire.kernels.quantize import write_pages
+            write_pages(self.pool.storage, self.format, layer, part, idx, x, self._static(layer, part))
+            return
+        sections = quantize_pages(x, self.format.part_format(part), self._static(layer, part))
         for name, t in sections.items():
             self.pool.section(layer, part, name)[idx] = t
 

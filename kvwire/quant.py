@@ -79,7 +79,9 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
 
 
 def _scale_from_amax(amax: torch.Tensor, limit: float) -> torch.Tensor:
-    return torch.where(amax > 0, amax / limit, torch.ones_like(amax))
+    # Divide by a tensor, not a Python float: CUDA turns ``tensor / scalar`` into a multiply by the
+    # reciprocal, which rounds differently and would make a page's bytes depend on the device.
+    return torch.where(amax > 0, amax / torch.full_like(amax, limit), torch.ones_like(amax))
 
 
 # ---- page-batch quantisers: x is [n_pages, P, H, D]; sections are [n_pages, *section shape] ----

@@ -64,13 +64,24 @@ class ModelRunner:
             bounds.append((row, row + len(s.token_ids)))
             row += len(s.token_ids)
 
-        masks = [self._mask(s, pos[r0:r1]) for s, (r0, r1) in zip(segments, bounds)]
+        on_gpu = dev.type == "cuda"
+        if on_gpu and all(len(s.token_ids) == 1 for s in segments):
+            tables = self._decode_tables(segments)
 
-        def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            out = torch.empty_like(q)
-            for s, (r0, r1), mask in zip(segments, bounds, masks):
-                out[r0:r1] = self._attend_one(layer, s, q[r0:r1], k[r0:r1], v[r0:r1], pos[r0:r1], mask)
-            return out
+            def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+                for i, s in enumerate(segments):
+                    self._store(layer, s, k[i:i + 1], v[i:i + 1])
+                from kvwire.kernels.paged_decode import paged_decode_attention
+                return paged_decode_attention(q, kv.pool.storage, kv.format, layer, *tables, kv.static_scales)
+        else:
+            masks = [None if on_gpu else self._mask(s, pos[r0:r1]) for s, (r0, r1) in zip(segments, bounds)]
+
+            def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+                out = torch.empty_like(q)
+                for s, (r0, r1), mask in zip(segments, bounds, masks):
+                    opened = self._store(layer, s, k[r0:r1], v[r0:r1])
+                    out[r0:r1] = self._attend_chunk(layer, s, q[r0:r1], pos[r0:r1], opened, mask)
+                return out
 
         try:
             logits = self.model(ids, pos, attn, logits_indices=torch.tensor([b[1] - 1 for b in bounds], device=dev))
@@ -89,22 +100,47 @@ class ModelRunner:
         open_len = seq.tail_len(p) + len(s.token_ids)
         return page_causal_mask(pos, num_pages * p, len(seq.pages) * p, open_len, p)
 
-    def _attend_one(self, layer: int, s: Segment, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _store(self, layer: int, s: Segment, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Quantise the pages this forward completes; keep the newest page as the bf16 tail.
+
+        Returns the open region's K and V (old tail + new tokens, bf16 precision) for attention.
+        """
         kv, p, seq = self.kv, self.page_size, s.seq
-        open_start = len(seq.pages) * p
         n_full = len(s.new_pages) * p
         opened = []
         for part, new in ((0, k), (1, v)):
-            x = torch.cat((kv.read_tail(layer, part, seq).float(), new.to(torch.bfloat16).float()))
+            x = torch.cat((kv.read_tail(layer, part, seq), new.to(torch.bfloat16)))
             if n_full:
                 kv.write_pages(layer, part, s.new_pages, x[:n_full].reshape(-1, p, *x.shape[1:]))
             kv.write_tail(layer, part, seq.tail_slot, x[n_full:])
             opened.append(x)
+        return opened[0], opened[1]
+
+    def _attend_chunk(self, layer: int, s: Segment, q: torch.Tensor, pos: torch.Tensor,
+                      opened: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
+        kv, p, seq = self.kv, self.page_size, s.seq
         pages = seq.pages + s.new_pages
+        open_start = len(seq.pages) * p
+        if kv.device.type == "cuda":
+            from kvwire.kernels.chunk_attention import paged_chunk_attention
+            ids = torch.tensor(pages, dtype=torch.int32, device=kv.device)
+            return paged_chunk_attention(q, pos, kv.pool.storage, kv.format, layer, ids, opened[0], opened[1],
+                                         open_start, kv.static_scales)
         k_pages = kv.read_pages(layer, 0, pages)
         v_pages = kv.read_pages(layer, 1, pages)
         return attend_paged_reference(q, pos, k_pages, v_pages, opened[0], opened[1], open_start, p, mask)
+
+    def _decode_tables(self, segments: list[Segment]) -> tuple[torch.Tensor, ...]:
+        """Page table, page counts, tail slots and tail lengths of a decode batch (after this step)."""
+        p, dev = self.page_size, self.kv.device
+        pages = [s.seq.pages + s.new_pages for s in segments]
+        table = torch.zeros((len(segments), max(1, max(len(x) for x in pages))), dtype=torch.int32)
+        for i, x in enumerate(pages):
+            table[i, :len(x)] = torch.tensor(x, dtype=torch.int32)
+        tail_len = [s.seq.num_tokens + 1 - len(x) * p for s, x in zip(segments, pages)]
+        as_i32 = lambda v: torch.tensor(v, dtype=torch.int32, device=dev)  # noqa: E731
+        return (table.to(dev), as_i32([len(x) for x in pages]), self.kv.tails.data,
+                as_i32([s.seq.tail_slot for s in segments]), as_i32(tail_len))
 
     def _commit(self, s: Segment) -> None:
         """After a successful forward: the new pages join the sequence and the prefix cache."""

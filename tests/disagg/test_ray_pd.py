@@ -1,0 +1,77 @@
+"""Prefill and decode Ray actors on 127.0.0.1, compact pages pulled over NIXL (UCX, DRAM)."""
+import time
+
+import pytest
+
+from decode.actor import start_decode_actor
+from kvwire.engine import Engine, EngineConfig
+from kvwire.calibration import CALIBRATION_TEXT
+from kvwire.sampling import SamplingParams
+from kvwire.worker_config import WorkerConfig
+from prefill.actor import start_prefill_actor
+from router.disagg import RequestFailed, connect, generate
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("nixl")
+
+PROMPT = "Here is a list of countries and their capitals. Germany: Berlin. Spain: Madrid. Italy: Rome. France:"
+
+
+def start_pair(fmt: str, tag: str, **kw):
+    prefill = start_prefill_actor(WorkerConfig(f"prefill-{tag}", fmt, device="cpu", **kw))
+    decode = start_decode_actor(WorkerConfig(f"decode-{tag}", fmt, device="cpu", **kw))
+    connect(prefill, decode)
+    return prefill, decode
+
+
+def wait_pages_free(ray, *actors, timeout: float = 10.0) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while True:
+        counters = ray.get([a.counters.remote() for a in actors])
+        if all(c["pages_in_use"] == 0 for c in counters) or time.monotonic() > deadline:
+            return counters
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8-token", "nvfp4"])
+def test_disaggregated_tokens_equal_single_process(ray_cluster, smollm2, fmt):
+    ray = ray_cluster
+    model, tok = smollm2
+    ids = tok.encode(PROMPT + " Paris. Portugal: Lisbon. Austria:")
+    params = SamplingParams(max_tokens=12)
+    want = list(Engine(model, EngineConfig(kv_format=fmt), tok.encode(CALIBRATION_TEXT)).generate(ids, params))
+    prefill, decode = start_pair(fmt, fmt.replace("/", "_"))
+    try:
+        got = list(generate(prefill, decode, "req-1", ids, params))
+        assert got == want
+        counters = wait_pages_free(ray, prefill, decode)
+        assert [c["pages_in_use"] for c in counters] == [0, 0], counters
+    finally:
+        for a in (prefill, decode):
+            ray.kill(a)
+
+
+def test_bad_manifests_are_refused_and_dead_prefill_frees_decode(ray_cluster, smollm2):
+    ray = ray_cluster
+    _, tok = smollm2
+    ids = tok.encode(PROMPT)
+    params = SamplingParams(max_tokens=4)
+    prefill, decode = start_pair("fp8-token", "bad", transfer_deadline_s=5.0)
+    other = start_prefill_actor(WorkerConfig("prefill-other", "nvfp4", device="cpu"))
+    try:
+        with pytest.raises(ray.exceptions.RayTaskError, match="malformed|msgpack"):
+            ray.get(decode.admit.remote(b"\x93not a manifest", params))
+        blob = ray.get(other.prefill.remote("wrong-format", ids, params))
+        with pytest.raises(ray.exceptions.RayTaskError, match="format"):
+            ray.get(decode.admit.remote(blob, params))
+        # A dead prefill worker: its manifest is valid, but its pages can no longer be pulled.
+        blob = ray.get(prefill.prefill.remote("orphan", ids, params))
+        ray.kill(prefill)
+        with pytest.raises(ray.exceptions.RayTaskError, match="orphan"):
+            ray.get(decode.admit.remote(blob, params))
+        assert ray.get(decode.counters.remote())["pages_in_use"] == 0
+        with pytest.raises(RequestFailed, match="died"):
+            list(generate(prefill, decode, "after-death", ids, params))
+    finally:
+        for a in (prefill, decode, other):
+            ray.kill(a)

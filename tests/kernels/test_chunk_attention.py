@@ -1,0 +1,55 @@
+"""paged_chunk_attention (Triton, interpreter) against attend_paged_reference over decoded pages."""
+import pytest
+import torch
+
+from kvwire.kernels._common import interpreting
+from kvwire.kernels.chunk_attention import paged_chunk_attention, paged_chunk_reference
+
+from .helpers import make_format, make_pool, rel_err
+
+pytestmark = pytest.mark.skipif(not interpreting(), reason="interpreter tests (TRITON_INTERPRET=1, set without CUDA)")
+
+
+def run_case(name, gqa=4, heads=2, head_dim=64, page_size=16, n_pages=5, open_start=48, open_len=37,
+             q_index=None, q_dtype=torch.float32, seed=0, tol=1e-4, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    f = make_format(name, page_size=page_size, layers=2, heads=heads, head_dim=head_dim)
+    storage, static = make_pool(f, 24, gen, device)
+    ids = torch.randperm(24, generator=gen)[:n_pages].to(device)
+    ko = torch.randn((open_len, heads, head_dim), generator=gen).to(torch.bfloat16).to(device)
+    vo = torch.randn((open_len, heads, head_dim), generator=gen).to(torch.bfloat16).to(device)
+    pos = torch.arange(open_start, open_start + open_len)
+    if q_index is not None:
+        pos = pos[q_index]
+    pos = pos.to(device)
+    q = torch.randn((len(pos), gqa * heads, head_dim), generator=gen).to(q_dtype).to(device)
+    out = torch.full_like(q, float("nan"))
+    paged_chunk_attention(q, pos, storage, f, 1, ids, ko, vo, open_start, static, out=out)
+    ref = paged_chunk_reference(q, pos, storage, f, 1, ids, ko, vo, open_start, static)
+    assert not out.isnan().any(), "an output was left unwritten"
+    err = rel_err(out, ref)
+    assert err < tol, f"relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp8-token", "fp8-tensor", "fp8-page", "nvfp4", "fp8-token/nvfp4",
+                                  "nvfp4/fp8-head"])
+def test_formats_prefix_hit(name):
+    # 3 stored pages (a prefix-cache hit), then a 37-token chunk spanning three open pages
+    run_case(name, n_pages=3, open_start=48, open_len=37)
+
+
+@pytest.mark.parametrize("gqa", [1, 3, 8])
+def test_gqa_ratios(gqa):
+    run_case("fp8-token/nvfp4", gqa=gqa, seed=gqa)
+
+
+def test_runner_layout_pages_overlap_open_region():
+    # as the runner calls it: the chunk's own full pages are already stored (page_ids covers
+    # positions past open_start) and must not be read for queries on those pages
+    run_case("nvfp4", n_pages=5, open_start=32, open_len=45, head_dim=128, q_dtype=torch.bfloat16, tol=1e-2)
+
+
+def test_cold_start_and_unsorted_queries():
+    run_case("fp8-token", n_pages=0, open_start=0, open_len=40)
+    run_case("fp8-head/nvfp4", gqa=1, heads=6, n_pages=4, open_start=32, open_len=30,
+             q_index=torch.tensor([29, 3, 17, 0]))

@@ -1,0 +1,72 @@
+"""write_pages (Triton, interpreter) is bit-identical to quantize_pages + storing into section views."""
+import pytest
+import torch
+
+from kvwire.kernels._common import interpreting
+from kvwire.kernels.quantize import write_pages, write_pages_reference
+from kvwire.quant import NonFiniteInputError
+
+from .helpers import ALL_UNIFORM, make_format, random_kv
+
+pytestmark = pytest.mark.skipif(not interpreting(), reason="interpreter tests (TRITON_INTERPRET=1, set without CUDA)")
+
+
+def _check(name, dtype, heads=3, head_dim=64, page_size=16, n=5, layer=1, seed=0, edit=None):
+    gen = torch.Generator().manual_seed(seed)
+    f = make_format(name, page_size=page_size, layers=2, heads=heads, head_dim=head_dim)
+    storage = torch.randint(0, 256, (12, f.page_bytes), dtype=torch.uint8, generator=gen)
+    expect = storage.clone()
+    ids = torch.randperm(12, generator=gen)[:n]
+    static = torch.rand((2, heads), generator=gen) * 0.01 + 0.001
+    for part in (0, 1):
+        x = random_kv((n, page_size, heads, head_dim), gen)
+        if edit is not None:
+            edit(x)
+        x = x.to(dtype)
+        write_pages(storage, f, layer, part, ids, x, static[part])
+        write_pages_reference(expect, f, layer, part, ids, x, static[part])
+    diff = (storage != expect).sum().item()
+    assert diff == 0, f"{name} {dtype}: {diff} bytes differ"
+
+
+@pytest.mark.parametrize("name", ALL_UNIFORM)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_bit_identical(name, dtype):
+    _check(name, dtype)
+
+
+def _edge_values(x):
+    x[0] = 0.0                       # an all-zero page: scales 1.0, codes 0
+    x[1, 3] = 0.0                    # all-zero tokens
+    x[1, 4, :, :16] = 0.0            # an all-zero NVFP4 block
+    x[2] *= 1e-7                     # tiny values: E4M3 subnormals, block scales that round to 0
+    x[2, 0, 0, 0] = 3.0              # ... next to a large one in the same page
+    x[3] *= 1e4                      # large values
+    x[4, :, :, 1::2] = -0.0          # negative zeros
+
+
+@pytest.mark.parametrize("name", ["fp8-token", "fp8-page", "fp8-tensor", "nvfp4", "bf16"])
+def test_edge_values(name):
+    _check(name, torch.float32, edit=_edge_values)
+
+
+def test_mixed_format_parts_and_head_dim_128():
+    _check("fp8-token/nvfp4", torch.bfloat16, heads=2, head_dim=128, n=3)
+    _check("nvfp4/fp8-head", torch.bfloat16, heads=2, head_dim=128, n=3, page_size=8)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_raises(bad):
+    f = make_format("nvfp4")
+    storage = torch.zeros((4, f.page_bytes), dtype=torch.uint8)
+    x = torch.randn(2, 16, 2, 64, generator=torch.Generator().manual_seed(0))
+    x[1, 5, 0, 7] = bad
+    with pytest.raises(NonFiniteInputError, match="1 non-finite"):
+        write_pages(storage, f, 0, 0, torch.tensor([0, 3]), x)
+
+
+def test_static_scale_required():
+    f = make_format("fp8-head")
+    storage = torch.zeros((2, f.page_bytes), dtype=torch.uint8)
+    with pytest.raises(ValueError, match="static scale"):
+        write_pages(storage, f, 0, 0, torch.tensor([0]), torch.ones(1, 16, 2, 64))

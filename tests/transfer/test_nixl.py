@@ -1,0 +1,83 @@
+"""NIXL specifics with two real agents in this process: transfers that are really in flight.
+
+UCX moves DRAM->DRAM synchronously through shared memory here, so to catch a transfer mid-flight
+the agents are forced onto TCP (``ucx_config={"TLS": "tcp"}``), where puts complete
+asynchronously on the progress thread, as RDMA would.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from tests.transfer.pools import big_format, random_pool, unique
+
+pytest.importorskip("nixl", reason="nixl is not installed")
+
+from transfer import TransferState  # noqa: E402
+from transfer.nixl_transport import NixlTransport  # noqa: E402
+
+PAGES = 96   # x 256 KiB = 24 MiB per transfer
+
+
+@pytest.fixture(scope="module")
+def tcp_pair():
+    fmt = big_format()
+    a = NixlTransport(unique("tcp-a"), ucx_config={"TLS": "tcp"})
+    b = NixlTransport(unique("tcp-b"), ucx_config={"TLS": "tcp"})
+    a.register_pool(random_pool(fmt, PAGES, seed=11), fmt)
+    b.register_pool(torch.zeros((PAGES, fmt.page_bytes), dtype=torch.uint8), fmt)
+    a.add_peer(b.handshake())
+    b.add_peer(a.handshake())
+    yield a, b
+    a.close()
+    b.close()
+
+
+def drain(t: NixlTransport, seconds: float) -> list:
+    time.sleep(seconds)
+    return t.poll_notifications()
+
+
+def test_abort_mid_flight_drains_and_stays_usable(tcp_pair) -> None:
+    a, b = tcp_pair
+    drain(b, 0)
+    in_flight = False
+    for _ in range(3):  # a loaded host may finish the transfer before it can be caught
+        h = a.write_pages(b.name, list(range(PAGES)), list(range(PAGES)), deadline_s=30, notify=b"aborted")
+        in_flight = a.check(h._xfer) == "PROC"
+        assert h.abort() is TransferState.ABORTED
+        assert h.quiesced and h._xfer is None
+        if in_flight:
+            break
+    assert in_flight
+    assert drain(b, 0.3) == []                            # no proof of delivery for an aborted transfer
+    again = a.write_pages(b.name, [0, 1, 2], [5, 6, 7], deadline_s=30, notify=b"ok")
+    assert again.wait(10) is TransferState.DONE
+    assert torch.equal(b.storage[5:8], a.storage[0:3])
+    assert drain(b, 0.1) == [(a.name, b"ok")]
+
+
+def test_deadline_mid_flight_times_out(tcp_pair) -> None:
+    a, b = tcp_pair
+    drain(b, 0)
+    h = a.read_pages(b.name, list(range(PAGES)), list(range(PAGES)), deadline_s=0.002, notify=b"late")
+    assert h.wait(10) is TransferState.TIMED_OUT and h.quiesced
+    assert h.stats.seconds >= 0.002
+    assert drain(b, 0.2) == []
+
+
+def test_push_and_pull_over_tcp(tcp_pair) -> None:
+    a, b = tcp_pair
+    push = a.write_pages(b.name, list(range(32)), list(range(32, 64)), deadline_s=30)
+    assert push.wait(20) is TransferState.DONE
+    assert torch.equal(b.storage[32:64], a.storage[0:32])
+    pull = b.read_pages(a.name, list(range(64, 96)), list(range(64, 96)), deadline_s=30)
+    assert pull.wait(20) is TransferState.DONE
+    assert torch.equal(b.storage[64:96], a.storage[64:96])
+
+
+def test_ucx_config_values_cannot_carry_commas() -> None:
+    with pytest.raises(ValueError, match="cannot contain ','"):
+        NixlTransport(unique("bad"), ucx_config={"TLS": "tcp,self"})

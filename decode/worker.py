@@ -22,6 +22,7 @@ from kvwire.sampling import Sampler, SamplingParams
 from kvwire.worker_config import WorkerConfig, build_engine
 from prefill.worker import DONE_PREFIX
 from transfer import make_transport
+from transfer.base import PeerError, TransferError
 from transfer.handle import TransferState
 from transfer.handshake import decode_handshake
 from transfer.manifest import ManifestError, decode_manifest
@@ -79,16 +80,7 @@ class DecodeWorker:
         pages, slot = self._reserve(m.request_id, len(m.page_ids), timeout_s)
         seq = SequenceKV(pages=pages, tail_slot=slot, num_tokens=m.num_tokens)
         try:
-            if pages:
-                handle = self.transport.read_pages(m.sender, list(m.page_ids), pages, self.cfg.transfer_deadline_s,
-                                                   notify=DONE_PREFIX + m.request_id.encode())
-                state = handle.wait(self.cfg.transfer_deadline_s + 1.0)
-                if state is not TransferState.DONE:
-                    handle.abort()
-                    raise AdmissionError(f"pulling {len(pages)} pages of {m.request_id} from {m.sender} ended "
-                                         f"{state.value}")
-            else:
-                self.transport.send_notification(m.sender, DONE_PREFIX + m.request_id.encode())
+            self._pull(m, pages)
             tail = m.tail_tensor().to(self.kv.device)
             with self._lock:
                 self.kv.tails.data[slot, :, :, :, :m.tail_len] = tail
@@ -107,6 +99,23 @@ class DecodeWorker:
                 self._running[m.request_id] = req
             self._changed.notify_all()
         return m.request_id
+
+    def _pull(self, m, pages: list[int]) -> None:
+        """READ the manifest's pages into ``pages``; the transport's notice frees them at the sender."""
+        notice = DONE_PREFIX + m.request_id.encode()
+        try:
+            if not pages:
+                self.transport.send_notification(m.sender, notice)
+                return
+            handle = self.transport.read_pages(m.sender, list(m.page_ids), pages, self.cfg.transfer_deadline_s,
+                                               notify=notice)
+        except (TransferError, PeerError) as exc:
+            raise AdmissionError(f"pulling {len(pages)} pages of {m.request_id} from {m.sender} failed: {exc}") from exc
+        state = handle.wait(self.cfg.transfer_deadline_s + 1.0)
+        if state is not TransferState.DONE:
+            handle.abort()
+            raise AdmissionError(f"pulling {len(pages)} pages of {m.request_id} from {m.sender} ended {state.value}"
+                                 f"{': ' + str(handle.error) if handle.error else ''}")
 
     def _check_scales(self, m) -> None:
         theirs = m.static_scales_tensor()

@@ -67,7 +67,7 @@ def test_bad_manifests_are_refused_and_dead_prefill_frees_decode(ray_cluster, sm
         # A dead prefill worker: its manifest is valid, but its pages can no longer be pulled.
         blob = ray.get(prefill.prefill.remote("orphan", ids, params))
         ray.kill(prefill)
-        with pytest.raises(ray.exceptions.RayTaskError, match="orphan"):
+        with pytest.raises(ray.exceptions.RayTaskError, match="orphan.*failed|orphan.*ended"):
             ray.get(decode.admit.remote(blob, params))
         assert ray.get(decode.counters.remote())["pages_in_use"] == 0
         with pytest.raises(RequestFailed, match="died"):

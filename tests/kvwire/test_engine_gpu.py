@@ -11,7 +11,8 @@ import torch
 
 from kvwire.engine import Engine, EngineConfig
 from kvwire.kv_cache import SequenceKV
-from kvwire.model.registry import load_model
+from kvwire.model.config import SHAPES
+from kvwire.model.llama import LlamaModel
 from kvwire.runner import Segment
 
 pytestmark = pytest.mark.gpu
@@ -21,7 +22,8 @@ if not torch.cuda.is_available():
 
 @pytest.fixture(scope="module")
 def models():
-    cpu, _ = load_model(load_format="dummy", model_shape="smollm2-135m", dtype=torch.float32, device="cpu")
+    cpu = LlamaModel(SHAPES["smollm2-135m"], dtype=torch.float32, device="cpu")
+    cpu.init_random(seed=0)
     return cpu, copy.deepcopy(cpu).to("cuda")
 
 

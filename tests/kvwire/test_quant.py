@@ -101,6 +101,7 @@ def test_non_finite_input_is_a_clear_error(name, bad):
 
 
 def test_nvfp4_matches_torchao():
+    pytest.importorskip("torchao")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from torchao.prototype.mx_formats.kernels import f4_unpacked_to_f32, unpack_uint4

@@ -30,8 +30,8 @@ def test_chunking_does_not_change_tokens(smollm2):
     _, tok = smollm2
     ids = tok.encode("Caches trade memory for time. " * 12 + "In one sentence, a cache is")
     runs = [list(engine_for(smollm2, "fp8-token/nvfp4", chunk_size=c).generate(ids, SamplingParams(max_tokens=12)))
-            for c in (16, 48, 512)]
-    assert runs[0] == runs[1] == runs[2]
+            for c in (32, 512)]
+    assert runs[0] == runs[1]
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8-page", "nvfp4"])

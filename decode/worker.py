@@ -1,9 +1,10 @@
 """Decode worker: admits manifests, pulls their pages, decodes in a continuous batch.
 
 Admission: the manifest is fully validated (format hash, page ids, lengths) before a byte
-moves; then pages and a tail slot are allocated (waiting, not failing, while the pool or the
-batch is full), the compact pages are READ from the prefill worker's pool, and the transport's
-notice tells the prefill side it may free them. Every step decodes one token for every running
+moves; then pages and a tail slot are reserved (waiting, not failing, while the pool or the
+batch is full). Push (the default, measured faster: docs/benchmarks.md): the prefill worker
+WRITEs into the reserved pages, then ``activate``. Pull: ``admit`` READs them from the prefill
+worker's pool, and the transport's notice tells the prefill side it may free them. Every step decodes one token for every running
 request; requests join and leave between steps. Finished, failed and aborted requests free
 their pages at once.
 """
@@ -23,7 +24,7 @@ from kvwire.worker_config import WorkerConfig, build_engine
 from prefill.worker import DONE_PREFIX
 from transfer import make_transport
 from transfer.base import PeerError, TransferError
-from transfer.handle import TransferState
+from transfer.handle import TransferState, TransferStats
 from transfer.handshake import decode_handshake
 from transfer.manifest import ManifestError, decode_manifest
 
@@ -58,6 +59,7 @@ class DecodeWorker:
         self.transport.register_pool(self.kv.pool.storage, self.engine.page_format)
         self._running: dict[str, _Request] = {}
         self._finished: dict[str, _Request] = {}
+        self._reserved: dict[str, tuple] = {}      # rid -> (manifest, pages, tail slot, params)
         self._lock = threading.Lock()              # pool, tails, runner and the request maps
         self._changed = threading.Condition(self._lock)
         self._stop = False
@@ -72,41 +74,71 @@ class DecodeWorker:
 
     # ---- admission ----
     def admit(self, manifest_blob: bytes, params: SamplingParams, timeout_s: float = 60.0) -> str:
-        """Bring a prefilled request in; returns its id. Raises ManifestError before any transfer."""
+        """Pull mode: reserve, READ the pages from the sender, start decoding. Returns the request id.
+
+        Raises ManifestError before any transfer; AdmissionError (pages freed) if the pull fails.
+        """
+        rid = self.reserve(manifest_blob, params, timeout_s)["request_id"]
+        m = self._reserved[rid][0]
+        try:
+            self._pull(m, self._reserved[rid][1])
+        except BaseException:
+            self.cancel(rid)
+            raise
+        self.activate(rid)
+        return rid
+
+    def reserve(self, manifest_blob: bytes, params: SamplingParams, timeout_s: float = 60.0) -> dict:
+        """Validate a manifest and set aside pages for it (waiting while full).
+
+        Push mode: the caller then has the prefill worker WRITE into ``pages`` and calls
+        ``activate`` (or ``cancel``). Returns {"request_id", "pages"}.
+        """
         m = decode_manifest(manifest_blob, self.engine.page_format)
         self._check_scales(m)
         if m.sender not in self.transport.peers:
             raise ManifestError(f"manifest sender {m.sender!r} is not a connected peer of {self.cfg.name}")
         pages, slot = self._reserve(m.request_id, len(m.page_ids), timeout_s)
-        seq = SequenceKV(pages=pages, tail_slot=slot, num_tokens=m.num_tokens)
-        try:
-            self._pull(m, pages)
-            tail = m.tail_tensor().to(self.kv.device)
-            with self._lock:
-                self.kv.tails.data[slot, :, :, :, :m.tail_len] = tail
-        except BaseException:
-            with self._lock:
-                self.engine.runner.release(seq)
+        with self._lock:
+            self._reserved[m.request_id] = (m, pages, slot, params)
+        return {"request_id": m.request_id, "pages": pages}
+
+    def cancel(self, rid: str) -> bool:
+        """Drop a reservation (its transfer failed or the request was cancelled)."""
+        with self._lock:
+            res = self._reserved.pop(rid, None)
+            if res is not None:
+                self.engine.runner.release(SequenceKV(pages=res[1], tail_slot=res[2]))
                 self._changed.notify_all()
-            raise
+        return res is not None
+
+    def activate(self, rid: str) -> None:
+        """The reserved pages hold the request's K/V now: add the tail and start decoding."""
+        with self._lock:
+            res = self._reserved.pop(rid, None)
+        if res is None:
+            raise KeyError(f"no reservation {rid!r} on {self.cfg.name}")
+        m, pages, slot, params = res
+        seq = SequenceKV(pages=pages, tail_slot=slot, num_tokens=m.num_tokens)
+        tail = m.tail_tensor().to(self.kv.device)
         req = _Request(m.request_id, seq, params, Sampler(params), m.first_token, 1)
         req.out.put(m.first_token)
         reason = self.engine.finish_reason(m.first_token, 1, m.num_tokens + 1, params)
         with self._lock:
+            self.kv.tails.data[slot, :, :, :, :m.tail_len] = tail
             if reason:
                 self._finish(req, reason)
             else:
                 self._running[m.request_id] = req
             self._changed.notify_all()
-        return m.request_id
 
-    def _pull(self, m, pages: list[int]) -> None:
+    def _pull(self, m, pages: list[int]) -> TransferStats | None:
         """READ the manifest's pages into ``pages``; the transport's notice frees them at the sender."""
         notice = DONE_PREFIX + m.request_id.encode()
         try:
             if not pages:
                 self.transport.send_notification(m.sender, notice)
-                return
+                return None
             handle = self.transport.read_pages(m.sender, list(m.page_ids), pages, self.cfg.transfer_deadline_s,
                                                notify=notice)
         except (TransferError, PeerError) as exc:
@@ -116,6 +148,7 @@ class DecodeWorker:
             handle.abort()
             raise AdmissionError(f"pulling {len(pages)} pages of {m.request_id} from {m.sender} ended {state.value}"
                                  f"{': ' + str(handle.error) if handle.error else ''}")
+        return handle.stats
 
     def _check_scales(self, m) -> None:
         theirs = m.static_scales_tensor()
@@ -130,7 +163,7 @@ class DecodeWorker:
         """Pages and a tail slot; waits (queues) while the pool or the batch is full."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
-            if rid in self._running:
+            if rid in self._running or rid in self._reserved:
                 raise ValueError(f"request {rid!r} is already running on {self.cfg.name}")
             while not (self.kv.pool.can_allocate(num_pages + len(self._running) + 1)
                        and len(self._running) < self.cfg.max_batch and self.kv.tails.free_slots > 0):
@@ -175,7 +208,7 @@ class DecodeWorker:
             c = self.kv.pool.counters()
             return {"worker": self.cfg.name, "role": "decode", "format": self.engine.page_format.name,
                     "pages_in_use": c.used, "pages_free": c.free + c.evictable,
-                    "running": len(self._running)}
+                    "running": len(self._running), "reserved": len(self._reserved)}
 
     def shutdown(self) -> None:
         with self._lock:
@@ -183,6 +216,9 @@ class DecodeWorker:
             for req in list(self._running.values()):
                 self._finish(req, "aborted")
             self._running.clear()
+            for _m, pages, slot, _p in self._reserved.values():
+                self.engine.runner.release(SequenceKV(pages=pages, tail_slot=slot))
+            self._reserved.clear()
             self._changed.notify_all()
         self._thread.join(timeout=10)
         self.transport.close()

@@ -14,6 +14,8 @@ from kvwire.kv_cache import SequenceKV
 from kvwire.sampling import Sampler, SamplingParams
 from kvwire.worker_config import WorkerConfig, build_engine
 from transfer import make_transport
+from transfer.base import TransferError
+from transfer.handle import TransferState
 from transfer.handshake import decode_handshake
 from transfer.manifest import Manifest
 
@@ -69,6 +71,31 @@ class PrefillWorker:
                 self.engine.runner.release(seq)
             raise
         return manifest.encode()
+
+    def push(self, request_id: str, peer: str, remote_pages: list[int], deadline_s: float | None = None) -> dict:
+        """Push mode: WRITE a held request's pages into ``peer``'s reserved pages, then free ours.
+
+        Returns the transfer's stats (compact bytes from the descriptors issued, the bf16 bytes
+        they stand for, descriptors, seconds). Ours are freed whatever the outcome: a failed push
+        fails the request, and the caller cancels the peer's reservation.
+        """
+        with self._lock:
+            held = self._held.get(request_id)
+        if held is None:
+            raise KeyError(f"request {request_id!r} is not held by {self.cfg.name}")
+        deadline = self.cfg.transfer_deadline_s if deadline_s is None else deadline_s
+        try:
+            handle = self.transport.write_pages(peer, held.seq.pages, remote_pages, deadline)
+            state = handle.wait(deadline + 1.0)
+            if state is not TransferState.DONE:
+                handle.abort()
+                raise TransferError(f"pushing {len(remote_pages)} pages of {request_id} to {peer} ended "
+                                    f"{state.value}{': ' + handle.error if handle.error else ''}")
+        finally:
+            self.release(request_id)
+        st = handle.stats
+        return {"compact_bytes": st.compact_bytes, "bf16_bytes": st.bf16_bytes, "pages": st.num_pages,
+                "descriptors": st.num_descriptors, "seconds": st.seconds}
 
     def release(self, request_id: str) -> bool:
         """Free a request's pages (decode has them, or the request died). False if not held."""

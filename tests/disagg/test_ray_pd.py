@@ -9,7 +9,7 @@ from kvwire.calibration import CALIBRATION_TEXT
 from kvwire.sampling import SamplingParams
 from kvwire.worker_config import WorkerConfig
 from prefill.actor import start_prefill_actor
-from router.disagg import RequestFailed, connect, generate
+from router.disagg import RequestFailed, TransferMode, connect, generate
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("nixl")
@@ -20,8 +20,7 @@ PROMPT = "Here is a list of countries and their capitals. Germany: Berlin. Spain
 def start_pair(fmt: str, tag: str, **kw):
     prefill = start_prefill_actor(WorkerConfig(f"prefill-{tag}", fmt, device="cpu", **kw))
     decode = start_decode_actor(WorkerConfig(f"decode-{tag}", fmt, device="cpu", **kw))
-    connect(prefill, decode)
-    return prefill, decode
+    return connect(prefill, decode)
 
 
 def wait_pages_free(ray, *actors, timeout: float = 10.0) -> list[dict]:
@@ -33,17 +32,30 @@ def wait_pages_free(ray, *actors, timeout: float = 10.0) -> list[dict]:
         time.sleep(0.1)
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "fp8-token", "nvfp4"])
-def test_disaggregated_tokens_equal_single_process(ray_cluster, smollm2, fmt):
+@pytest.mark.parametrize("fmt,mode", [("bf16", "pull"), ("fp8-token", "push"), ("nvfp4", "push")])
+def test_disaggregated_tokens_equal_single_process(ray_cluster, smollm2, fmt, mode):
     ray = ray_cluster
     model, tok = smollm2
     ids = tok.encode(PROMPT + " Paris. Portugal: Lisbon. Austria:")
     params = SamplingParams(max_tokens=12)
-    want = list(Engine(model, EngineConfig(kv_format=fmt), tok.encode(CALIBRATION_TEXT)).generate(ids, params))
-    prefill, decode = start_pair(fmt, fmt.replace("/", "_"))
+    engine = Engine(model, EngineConfig(kv_format=fmt), tok.encode(CALIBRATION_TEXT))
+    want = list(engine.generate(ids, params))
+    pair = start_pair(fmt, fmt.replace("/", "_"))
+    prefill, decode = pair.prefill, pair.decode
+    report = {}
     try:
-        got = list(generate(prefill, decode, "req-1", ids, params))
+        got = list(generate(pair, "req-1", ids, params, TransferMode(mode), report=report))
         assert got == want
+        if mode == "push":
+            # Wire bytes: the format's bytes per token for full-page tokens, plus the bf16 tail.
+            pf = engine.page_format
+            pages = (len(ids) - 1) // pf.page_size
+            tail = len(ids) - pages * pf.page_size
+            wire = report["compact_bytes"] + tail * pf.bf16_bytes_per_token
+            want_bytes = pf.bytes_per_token * pages * pf.page_size + tail * pf.bf16_bytes_per_token
+            assert abs(wire - want_bytes) <= 0.01 * want_bytes
+            assert report["bf16_bytes"] == pages * pf.page_size * pf.bf16_bytes_per_token
+            assert report["descriptors"] == 1  # fresh pools: one contiguous run on both sides
         counters = wait_pages_free(ray, prefill, decode)
         assert [c["pages_in_use"] for c in counters] == [0, 0], counters
     finally:
@@ -56,7 +68,8 @@ def test_bad_manifests_are_refused_and_dead_prefill_frees_decode(ray_cluster, sm
     _, tok = smollm2
     ids = tok.encode(PROMPT)
     params = SamplingParams(max_tokens=4)
-    prefill, decode = start_pair("fp8-token", "bad", transfer_deadline_s=5.0)
+    pair = start_pair("fp8-token", "bad", transfer_deadline_s=5.0)
+    prefill, decode = pair.prefill, pair.decode
     other = start_prefill_actor(WorkerConfig("prefill-other", "nvfp4", device="cpu"))
     try:
         with pytest.raises(ray.exceptions.RayTaskError, match="malformed|msgpack"):
@@ -71,7 +84,7 @@ def test_bad_manifests_are_refused_and_dead_prefill_frees_decode(ray_cluster, sm
             ray.get(decode.admit.remote(blob, params))
         assert ray.get(decode.counters.remote())["pages_in_use"] == 0
         with pytest.raises(RequestFailed, match="died"):
-            list(generate(prefill, decode, "after-death", ids, params))
+            list(generate(pair, "after-death", ids, params))
     finally:
         for a in (prefill, decode, other):
             ray.kill(a)

@@ -13,7 +13,7 @@ import torch
 
 from kvwire.attention import attend_paged_reference, page_causal_mask
 from kvwire.kv_cache import KVCache, SequenceKV
-from kvwire.page_pool import page_chain_hashes
+from kvwire.page_pool import OutOfPagesError, page_chain_hashes
 
 
 @dataclass
@@ -49,7 +49,10 @@ class ModelRunner:
         kv = self.kv
         needed = sum(self.pages_needed(s.seq, len(s.token_ids)) for s in segments)
         if not kv.pool.can_allocate(needed):
-            kv.pool.allocate(needed)  # raises OutOfPagesError with the counts
+            c = kv.pool.counters()
+            raise OutOfPagesError(f"this step needs {needed} new pages, only {c.available} are available")
+        if sum(s.seq.tail_slot < 0 for s in segments) > kv.tails.free_slots:
+            raise RuntimeError("no free tail slot: more sequences in flight than the KV cache was sized for")
         for s in segments:
             if s.seq.tail_slot < 0:
                 s.seq.tail_slot = kv.tails.allocate()

@@ -8,11 +8,12 @@ from pathlib import Path
 BENCHES = {
     "attention": "kvwire.bench.attention",
     "quantize": "kvwire.bench.quantize",
+    "transfer": "transfer.bench_requests",
 }
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="benchmarks (GPU): attention, quantize",
+    p = sub.add_parser("bench", help="benchmarks: attention, quantize (GPU), transfer",
                        description="Benchmarks that write JSON (--out) and print a table. Ratios are "
                                    "measured in one run against the baseline each benchmark names.")
     bsub = p.add_subparsers(dest="bench", metavar="BENCH", required=True)

@@ -4,7 +4,8 @@ For each KV format and prompt length N, a request's full pages ((N-1) // page_si
 newest token's page stays the bf16 tail) are pushed (NIXL WRITE, the default mode) from one
 process's registered pool into another's, as a prefill worker does for a decode worker. Reported:
 wire bytes (the descriptors actually issued, plus the bf16 tail that travels in the manifest),
-the bf16 bytes they stand for, the ratio, median transfer time, GB/s and descriptors per request.
+the bf16 bytes they stand for, the ratio, median transfer time, GB/s, descriptors per request,
+and the rate against a same-device copy of the largest request measured in the same run.
 The bytes depend only on the model's shape (Llama-3-8B by default: 32 layers, 8 KV heads, head
 dim 128), so pools hold patterned bytes, not a model's K/V; pools live in DRAM on the CPU and in
 VRAM with ``--device cuda``. Each pool holds one request of the longest prompt, twice over
@@ -91,6 +92,24 @@ def _one_format(fmt: PageFormat, prompts: list[int], device: str, reps: int) -> 
     return rows
 
 
+def copy_gbytes_per_s(nbytes: int, device: str, reps: int = 3) -> float:
+    """Same-device copy rate (bytes copied per second, not read + write): the transfer's ceiling."""
+    import time
+    src = torch.full((nbytes,), 0x33, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    times = []
+    for rep in range(reps + 1):
+        if device != "cpu":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        dst.copy_(src)
+        if device != "cpu":
+            torch.cuda.synchronize()
+        if rep:
+            times.append(time.perf_counter() - start)
+    return nbytes / statistics.median(times) / 1e9
+
+
 def run(args: argparse.Namespace) -> dict:
     from kvwire.model.config import SHAPES
     if args.shape not in SHAPES:
@@ -103,16 +122,22 @@ def run(args: argparse.Namespace) -> dict:
         fmt = PageFormat(KVFormat.parse(name), 16, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
         print(f"[bench transfer] {name}: {len(prompts)} prompt lengths on {device}", flush=True)
         rows += _one_format(fmt, prompts, device, args.reps)
-    return {"shape": args.shape, "device": device, "mode": "push", "reps": args.reps, "rows": rows}
+    biggest = max(r["wire_bytes"] for r in rows)
+    copy = copy_gbytes_per_s(biggest, device)
+    for r in rows:
+        r["vs_copy"] = r["gb_s"] / copy
+    return {"shape": args.shape, "device": device, "mode": "push", "reps": args.reps,
+            "copy_gb_s": copy, "copy_bytes": biggest, "rows": rows}
 
 
 def format_table(result: dict) -> str:
     lines = [f"KV transfer per request, {result['shape']} shape, {result['device']} pools, NIXL {result['mode']}, "
-             f"median of {result['reps']}",
+             f"median of {result['reps']}; same-device copy of {result['copy_bytes'] / 1e6:.0f} MB: "
+             f"{result['copy_gb_s']:.1f} GB/s",
              f"{'format':<17} {'tokens':>7} {'wire MB':>9} {'bf16 MB':>9} {'ratio':>6} {'descr':>5} "
-             f"{'ms':>9} {'GB/s':>7}"]
+             f"{'ms':>9} {'GB/s':>7} {'vs copy':>7}"]
     for r in result["rows"]:
         lines.append(f"{r['format']:<17} {r['prompt_tokens']:>7} {r['wire_bytes'] / 1e6:>9.1f} "
                      f"{r['bf16_bytes'] / 1e6:>9.1f} {r['ratio']:>6.3f} {r['descriptors']:>5} "
-                     f"{r['ms']:>9.2f} {r['gb_s']:>7.2f}")
+                     f"{r['ms']:>9.2f} {r['gb_s']:>7.2f} {r['vs_copy']:>7.2f}")
     return "\n".join(lines)

@@ -141,7 +141,10 @@ class ModelRunner:
         for i, x in enumerate(pages):
             table[i, :len(x)] = torch.tensor(x, dtype=torch.int32)
         tail_len = [s.seq.num_tokens + 1 - len(x) * p for s, x in zip(segments, pages)]
-        as_i32 = lambda v: torch.tensor(v, dtype=torch.int32, device=dev)  # noqa: E731
+
+        def as_i32(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int32, device=dev)
+
         return (table.to(dev), as_i32([len(x) for x in pages]), self.kv.tails.data,
                 as_i32([s.seq.tail_slot for s in segments]), as_i32(tail_len))
 

@@ -68,12 +68,10 @@ def run(args: argparse.Namespace) -> int:
     if tokenizer is None:
         raise UsageError("this model has no tokenizer (dummy weights); generate needs text")
     engine = Engine(model, config, calibration_ids=tokenizer.encode(CALIBRATION_TEXT))
-    for text in prompts:
-        ids = tokenizer.encode(tokenizer.apply_chat_template(text) if args.chat else text)
-        for _ in range(args.repeat):
-            engine.validate(ids, params)
-    for text in prompts:
-        ids = tokenizer.encode(tokenizer.apply_chat_template(text) if args.chat else text)
+    requests = [tokenizer.encode(tokenizer.apply_chat_template(t) if args.chat else t) for t in prompts]
+    for ids in requests:                      # every prompt is checked before any runs
+        engine.validate(ids, params)
+    for ids in requests:
         for _ in range(args.repeat):
             gen = engine.generate(ids, params)
             stream = StreamDecoder(tokenizer)

@@ -38,5 +38,5 @@ def load_from_args(args: argparse.Namespace):
     try:
         return load_model(args.model, load_format=args.load_format, model_shape=args.model_shape,
                           device=resolve_device(args.device))
-    except (FileNotFoundError, KeyError) as exc:
+    except (FileNotFoundError, KeyError, ValueError) as exc:  # what load_model raises for bad sources/shapes
         raise ModelLoadError(str(exc).strip("'\"")) from exc

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from kvwire.commands.model_args import add_model_arguments
+from kvwire.commands.model_args import add_model_arguments, config_from_args
 from kvwire.formats import PageFormat, listed_formats
 
 
@@ -31,9 +31,7 @@ def format_rows(config, page_size: int, include_all_pairs: bool) -> list[dict]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvwire.model.registry import load_model_config
-
-    config = load_model_config(args.model, load_format=args.load_format, model_shape=args.model_shape)
+    config = config_from_args(args)
     rows = format_rows(config, args.page_size, args.all)
     if args.json:
         print(json.dumps({"model": config.name, "page_size": args.page_size, "formats": rows}, indent=2))

@@ -29,6 +29,16 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
+def config_from_args(args: argparse.Namespace):
+    """The model's config only (no weights), for commands that need just the shape."""
+    from kvwire.model.registry import load_model_config
+
+    try:
+        return load_model_config(args.model, load_format=args.load_format, model_shape=args.model_shape)
+    except (FileNotFoundError, KeyError, ValueError) as exc:
+        raise ModelLoadError(str(exc).strip("'\"")) from exc
+
+
 def load_from_args(args: argparse.Namespace):
     """(model, tokenizer or None) for the flags; bad flags and missing files are user errors."""
     from kvwire.model.registry import load_model

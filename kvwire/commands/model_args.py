@@ -36,7 +36,12 @@ def config_from_args(args: argparse.Namespace):
     try:
         return load_model_config(args.model, load_format=args.load_format, model_shape=args.model_shape)
     except (FileNotFoundError, KeyError, ValueError) as exc:
-        raise ModelLoadError(str(exc).strip("'\"")) from exc
+        raise ModelLoadError(_message(exc)) from exc
+
+
+def _message(exc: Exception) -> str:
+    """A KeyError's str() is the repr of its argument; show the plain text."""
+    return exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
 
 
 def load_from_args(args: argparse.Namespace):
@@ -49,4 +54,4 @@ def load_from_args(args: argparse.Namespace):
         return load_model(args.model, load_format=args.load_format, model_shape=args.model_shape,
                           device=resolve_device(args.device))
     except (FileNotFoundError, KeyError, ValueError) as exc:  # what load_model raises for bad sources/shapes
-        raise ModelLoadError(str(exc).strip("'\"")) from exc
+        raise ModelLoadError(_message(exc)) from exc

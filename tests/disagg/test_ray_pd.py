@@ -88,3 +88,27 @@ def test_bad_manifests_are_refused_and_dead_prefill_frees_decode(ray_cluster, sm
     finally:
         for a in (prefill, decode, other):
             ray.kill(a)
+
+
+def test_fifty_requests_some_aborted_leave_no_pages(ray_cluster, smollm2):
+    ray = ray_cluster
+    _, tok = smollm2
+    pair = start_pair("fp8-token/nvfp4", "fifty")
+    try:
+        aborted = 0
+        for n in range(50):
+            ids = tok.encode(f"Request {n}: " + "count with me, " * (n % 9) + "one two")
+            gen = generate(pair, f"r{n}", ids, SamplingParams(max_tokens=4, stop_at_eos=False))
+            if n % 5 == 2:
+                next(gen)
+                gen.close()           # the client goes away after the first token
+                aborted += 1
+            else:
+                assert len(list(gen)) == 4
+        assert aborted == 10
+        counters = wait_pages_free(ray, pair.prefill, pair.decode)
+        assert [c["pages_in_use"] for c in counters] == [0, 0], counters
+        assert counters[0]["requests_held"] == 0 and counters[1]["running"] == 0
+    finally:
+        for a in (pair.prefill, pair.decode):
+            ray.kill(a)

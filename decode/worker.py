@@ -21,12 +21,11 @@ from kvwire.kv_cache import SequenceKV
 from kvwire.runner import Segment
 from kvwire.sampling import Sampler, SamplingParams
 from kvwire.worker_config import WorkerConfig, build_engine
-from prefill.worker import DONE_PREFIX
 from transfer import make_transport
 from transfer.base import PeerError, TransferError
 from transfer.handle import TransferState, TransferStats
 from transfer.handshake import decode_handshake
-from transfer.manifest import ManifestError, decode_manifest
+from transfer.manifest import ManifestError, decode_manifest, done_notice
 
 
 class AdmissionError(RuntimeError):
@@ -134,7 +133,7 @@ class DecodeWorker:
 
     def _pull(self, m, pages: list[int]) -> TransferStats | None:
         """READ the manifest's pages into ``pages``; the transport's notice frees them at the sender."""
-        notice = DONE_PREFIX + m.request_id.encode()
+        notice = done_notice(m.request_id)
         try:
             if not pages:
                 self.transport.send_notification(m.sender, notice)

@@ -1,7 +1,7 @@
 """Prefill worker: runs prompts into compact pages and hands them over by manifest.
 
 A request's pages stay held after ``prefill`` returns, until the decode side's notice says it
-has them (``done:<request_id>``, delivered by the transport after the last byte landed), an
+has them (``transfer.manifest.done_notice``, delivered by the transport after the last byte landed), an
 explicit ``release``, or ``hold_timeout_s`` (a decode worker that died never answers).
 """
 from __future__ import annotations
@@ -17,10 +17,7 @@ from transfer import make_transport
 from transfer.base import TransferError
 from transfer.handle import TransferState
 from transfer.handshake import decode_handshake
-from transfer.manifest import Manifest
-
-DONE_PREFIX = b"done:"
-
+from transfer.manifest import Manifest, parse_done_notice
 
 @dataclass
 class _Held:
@@ -128,8 +125,9 @@ class PrefillWorker:
         while not self._stop.is_set():
             got = False
             for _peer, msg in self.transport.poll_notifications():
-                if msg.startswith(DONE_PREFIX):
-                    got = self.release(msg[len(DONE_PREFIX):].decode()) or got
+                rid = parse_done_notice(msg)
+                if rid is not None:
+                    got = self.release(rid) or got
             self._expire()
             with self._lock:
                 busy = bool(self._held)

@@ -203,3 +203,16 @@ def decode_manifest(blob: bytes, expected_format: PageFormat | None = None) -> M
         raise ManifestError(f"page format mismatch: the manifest's pages are {describe(fmt)}, but this "
                             f"worker reads {describe(expected_format)}")
     return manifest
+
+
+# The receiver's notice that a manifest's pages have landed: the sender may free them.
+_DONE_PREFIX = b"done:"
+
+
+def done_notice(request_id: str) -> bytes:
+    return _DONE_PREFIX + request_id.encode()
+
+
+def parse_done_notice(msg: bytes) -> str | None:
+    """The request id of a done notice, or None for any other message."""
+    return msg[len(_DONE_PREFIX):].decode() if msg.startswith(_DONE_PREFIX) else None

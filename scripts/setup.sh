@@ -6,8 +6,8 @@
 # picks a CUDA build inside pyproject's range.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-extras="triton,transfer"
-[ "${1:-}" = "--test" ] && extras="triton,transfer,test"
+extras="triton,transfer,validate"
+[ "${1:-}" = "--test" ] && extras="triton,transfer,validate,test"
 py=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     echo "[setup] creating .venv" >&2

@@ -1,0 +1,35 @@
+"""Regenerate router/api/ from protos/kvwire/v1/router.proto (needs grpcio-tools, a test extra).
+
+The proto directory is mapped onto the import path ``router/api`` so that the generated gRPC
+module imports ``router.api.router_pb2`` (not a top-level ``router_pb2``).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PROTO = ROOT / "protos" / "kvwire" / "v1" / "router.proto"
+GENERATED = ("router_pb2.py", "router_pb2.pyi", "router_pb2_grpc.py")
+
+
+def generate(out_root: Path) -> list[Path]:
+    """Write the generated files under ``out_root/router/api/``; returns their paths."""
+    from grpc_tools import protoc
+
+    (out_root / "router" / "api").mkdir(parents=True, exist_ok=True)
+    args = ["protoc", f"--proto_path=router/api={PROTO.parent}", f"--python_out={out_root}",
+            f"--grpc_python_out={out_root}", f"--pyi_out={out_root}", str(PROTO)]
+    if protoc.main(args) != 0:
+        raise RuntimeError(f"protoc failed on {PROTO}")
+    return [out_root / "router" / "api" / name for name in GENERATED]
+
+
+def main() -> int:
+    for path in generate(ROOT):
+        print(f"wrote {path.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""The serving configuration `kvwire serve` reads: the router's address and limits, and its pools.
+
+A pool is one model served in one KV format by ``prefill_workers`` prefill workers and
+``decode_workers`` decode workers; several pools (formats side by side) may serve one model.
+The file is TOML or YAML with the same keys; an unknown key anywhere is an error (a typo must
+not silently fall back to a default). Example (TOML)::
+
+    [router]
+    host = "127.0.0.1"
+    port = 50051
+    metrics_port = 9464
+    max_inflight = 32      # requests on the workers at once
+    max_queue = 64         # requests waiting beyond that; more get RESOURCE_EXHAUSTED
+    default_pool = "smollm2-bf16"
+
+    [[pools]]
+    name = "smollm2-bf16"
+    model = "smollm2"      # 'smollm2' (packaged), a .gguf file or an HF directory
+    kv_format = "bf16"
+    prefill_workers = 1
+    decode_workers = 1
+    gpus_per_worker = "auto"   # a number (fractional shares a GPU), or auto: 1 with GPUs, else 0
+    device = "auto"            # auto | cpu | cuda
+    page_size = 16
+    num_pages = 4096           # per worker; omit for the engine's default
+    max_batch = 32             # decode: sequences decoded together at most
+    transport = "nixl"         # or inprocess (tests)
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvwire.formats import KVFormat
+
+DEFAULT_PORT = 50051
+DEFAULT_METRICS_PORT = 9464
+
+
+class ConfigError(ValueError):
+    """The serving configuration is invalid; the message names the key and what is allowed."""
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    name: str
+    model: str = "smollm2"
+    kv_format: str = "bf16"
+    prefill_workers: int = 1
+    decode_workers: int = 1
+    gpus_per_worker: float | str = "auto"
+    device: str = "auto"
+    load_format: str = "auto"
+    model_shape: str | None = None
+    page_size: int = 16
+    chunk_size: int = 512
+    num_pages: int | None = None
+    max_batch: int = 32
+    transport: str = "nixl"
+
+    def __post_init__(self) -> None:
+        if not self.name or not all(c.isalnum() or c in "-_." for c in self.name):
+            raise ConfigError(f"pool name {self.name!r}: use letters, digits, '-', '_' or '.'")
+        try:
+            KVFormat.parse(self.kv_format)
+        except ValueError as exc:
+            raise ConfigError(f"pool {self.name}: kv_format: {exc}") from exc
+        for key in ("prefill_workers", "decode_workers", "page_size", "chunk_size", "max_batch"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"pool {self.name}: {key} must be a positive integer, got {value!r}")
+        if self.num_pages is not None and (not isinstance(self.num_pages, int) or self.num_pages < 1):
+            raise ConfigError(f"pool {self.name}: num_pages must be a positive integer, got {self.num_pages!r}")
+        gpus = self.gpus_per_worker
+        if gpus != "auto" and not (isinstance(gpus, (int, float)) and not isinstance(gpus, bool) and gpus >= 0):
+            raise ConfigError(f"pool {self.name}: gpus_per_worker must be 'auto' or a number >= 0, got {gpus!r}")
+        if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
+            raise ConfigError(f"pool {self.name}: device must be auto, cpu or cuda[:N], got {self.device!r}")
+        if self.load_format not in ("auto", "gguf", "hf", "dummy"):
+            raise ConfigError(f"pool {self.name}: load_format must be auto, gguf, hf or dummy")
+        if self.transport not in ("nixl", "inprocess"):
+            raise ConfigError(f"pool {self.name}: transport must be nixl or inprocess, got {self.transport!r}")
+
+    @property
+    def num_gpus(self) -> float | None:
+        """GPUs per worker actor; None = decide from the cluster (1 if it has GPUs, else 0)."""
+        return None if self.gpus_per_worker == "auto" else float(self.gpus_per_worker)
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    metrics_port: int = DEFAULT_METRICS_PORT      # 0 = no metrics endpoint
+    max_inflight: int = 32
+    max_queue: int = 64
+    default_pool: str | None = None
+    request_timeout_s: float = 600.0              # used when the client sets no deadline
+    max_attempts: int = 2                         # a request whose prefill worker dies is retried once
+
+    def __post_init__(self) -> None:
+        for key in ("port", "metrics_port"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or not 0 <= value < 65536:
+                raise ConfigError(f"router.{key} must be a port number (0-65535), got {value!r}")
+        if not isinstance(self.max_inflight, int) or self.max_inflight < 1:
+            raise ConfigError(f"router.max_inflight must be at least 1, got {self.max_inflight!r}")
+        if not isinstance(self.max_queue, int) or self.max_queue < 0:
+            raise ConfigError(f"router.max_queue must be 0 or more, got {self.max_queue!r}")
+        if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
+            raise ConfigError(f"router.max_attempts must be at least 1, got {self.max_attempts!r}")
+        if self.request_timeout_s <= 0:
+            raise ConfigError("router.request_timeout_s must be positive")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    router: RouterConfig = field(default_factory=RouterConfig)
+    pools: tuple[PoolConfig, ...] = (PoolConfig("smollm2-bf16"),)
+
+    def __post_init__(self) -> None:
+        if not self.pools:
+            raise ConfigError("declare at least one pool")
+        names = [p.name for p in self.pools]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ConfigError(f"pool names must be unique; repeated: {', '.join(dupes)}")
+        if self.router.default_pool is not None and self.router.default_pool not in names:
+            raise ConfigError(f"router.default_pool {self.router.default_pool!r} is not a declared pool "
+                              f"({', '.join(names)})")
+
+    @property
+    def default_pool(self) -> str:
+        return self.router.default_pool or self.pools[0].name
+
+    def to_dict(self) -> dict:
+        return {"router": dataclasses.asdict(self.router), "pools": [dataclasses.asdict(p) for p in self.pools]}
+
+
+def _build(cls, data: Any, where: str):
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must be a table/mapping, got {type(data).__name__}")
+    allowed = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+    try:
+        return cls(**data)
+    except TypeError as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+
+
+def config_keys() -> dict[str, set[str]]:
+    """The keys each section accepts (the k8s ConfigMap is checked against these)."""
+    return {"router": {f.name for f in dataclasses.fields(RouterConfig)},
+            "pools": {f.name for f in dataclasses.fields(PoolConfig)}}
+
+
+def parse_config(data: Any, where: str = "config") -> ServeConfig:
+    """A ServeConfig from the parsed file (a mapping with optional 'router' and 'pools')."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must be a mapping with 'router' and/or 'pools'")
+    unknown = sorted(set(data) - {"router", "pools"})
+    if unknown:
+        raise ConfigError(f"{where}: unknown top-level key(s) {', '.join(unknown)}; allowed: pools, router")
+    router = _build(RouterConfig, data.get("router", {}), f"{where}: [router]")
+    raw_pools = data.get("pools")
+    if raw_pools is None:
+        return ServeConfig(router=router)
+    if not isinstance(raw_pools, list):
+        raise ConfigError(f"{where}: 'pools' must be a list of tables")
+    pools = tuple(_build(PoolConfig, p, f"{where}: pools[{i}]") for i, p in enumerate(raw_pools))
+    return ServeConfig(router=router, pools=pools)
+
+
+def load_config(path: str | Path) -> ServeConfig:
+    """Read a TOML (.toml) or YAML (.yaml/.yml) serving config; JSON (.json) works too."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    text = path.read_text()
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".toml":
+            import tomllib
+            data = tomllib.loads(text)
+        elif suffix in (".yaml", ".yml"):
+            import yaml
+            data = yaml.safe_load(text)
+        elif suffix == ".json":
+            data = json.loads(text)
+        else:
+            raise ConfigError(f"config file {path}: use .toml, .yaml/.yml or .json")
+    except ConfigError:
+        raise
+    except Exception as exc:  # the parsers' own error types differ; all mean a malformed file
+        raise ConfigError(f"config file {path} is not valid {suffix[1:].upper()}: {exc}") from exc
+    return parse_config(data, str(path))

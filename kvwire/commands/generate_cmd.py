@@ -20,8 +20,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("prompt", nargs="?", help="the prompt text (or use --prompts-file)")
     p.add_argument("--prompts-file", type=Path, help="one prompt per line, run in order in one engine")
     p.add_argument("--repeat", type=int, default=1, metavar="K", help="run each prompt K times (prefix cache demo)")
-    p.add_argument("--kv-format", default="bf16", help="KV page format, e.g. bf16, fp8-token, nvfp4, "
-                   "fp8-token/nvfp4 (keys/values); `kvwire formats` lists them (default bf16)")
+    p.add_argument("--kv-format", default=None, help="KV page format, e.g. bf16, fp8-token, nvfp4, "
+                   "fp8-token/nvfp4 (keys/values); `kvwire formats` lists them (default bf16; with --router, the "
+                   "default pool's)")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate at most (default 64)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0)")
@@ -29,6 +30,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--page-size", type=int, default=16, help="tokens per KV page (default 16)")
     p.add_argument("--chunk-size", type=int, default=512, help="prefill tokens per forward pass (default 512)")
+    p.add_argument("--router", metavar="HOST:PORT", help="send the prompt to a running `kvwire serve` instead of "
+                   "running the model here (the model flags are then ignored)")
+    p.add_argument("--pool", default="", help="with --router: the pool to use (default: by --kv-format, or the "
+                   "router's default pool)")
     add_model_arguments(p)
     p.set_defaults(run=run)
 
@@ -49,11 +54,14 @@ def _prompts(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.router:
+        return run_remote(args)
     from kvwire.calibration import CALIBRATION_TEXT
     from kvwire.engine import Engine, EngineConfig
     from kvwire.model.tokenizer import StreamDecoder
     from kvwire.sampling import SamplingParams
 
+    args.kv_format = args.kv_format or "bf16"
     KVFormat.parse(args.kv_format)          # fail fast, before loading the model
     prompts = _prompts(args)
     if args.repeat < 1:
@@ -80,4 +88,39 @@ def run(args: argparse.Namespace) -> int:
                 sys.stdout.flush()
             sys.stdout.write(stream.flush() + "\n")
             print(gen.summary.line(args.kv_format), flush=True)
+    return 0
+
+
+def run_remote(args: argparse.Namespace) -> int:
+    """Stream each prompt's completion from a router; its errors print as one line."""
+    import grpc
+
+    from router.client import RouterClient
+
+    prompts = _prompts(args)
+    with RouterClient(args.router) as client:
+        for text in prompts:
+            for _ in range(args.repeat):
+                try:
+                    stream = client.generate(text, kv_format=args.kv_format or "", pool=args.pool,
+                                             max_tokens=args.max_tokens, temperature=args.temperature,
+                                             top_p=args.top_p, seed=args.seed, chat=args.chat)
+                    for event in stream:
+                        if event.HasField("delta"):
+                            sys.stdout.write(event.delta.text)
+                            sys.stdout.flush()
+                        else:
+                            f = event.finished
+                    sys.stdout.write("\n")
+                except grpc.RpcError as exc:
+                    message = f"{exc.code().name}: {exc.details()}"
+                    if exc.code() is grpc.StatusCode.INVALID_ARGUMENT:
+                        raise UsageError(message) from None
+                    print(f"kvwire generate: error from {args.router}: {message}", file=sys.stderr)
+                    return 1
+                ratio = f.wire_bytes / f.wire_bf16_bytes if f.wire_bf16_bytes else 0.0
+                print(f"[kvwire] pool {f.pool} ({f.kv_format}) | prompt tokens {f.prompt_tokens} | completion "
+                      f"tokens {f.completion_tokens} ({f.finish_reason}) | prefix pages reused "
+                      f"{f.prefix_pages_reused} | wire {f.wire_bytes:,} B vs bf16 {f.wire_bf16_bytes:,} B "
+                      f"({ratio:.3f}) | TTFT {f.ttft_s:.2f} s | {f.prefill_worker} -> {f.decode_worker}", flush=True)
     return 0

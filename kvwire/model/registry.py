@@ -37,7 +37,7 @@ def _gguf_tokenizer(reader) -> Tokenizer | None:
         return None
 
 
-def _hf_tokenizer(directory: Path, model: LlamaModel) -> Tokenizer | None:
+def _hf_tokenizer(directory: Path, cfg: ModelConfig) -> Tokenizer | None:
     file = directory / "tokenizer.json"
     if not file.is_file():
         return None
@@ -45,7 +45,6 @@ def _hf_tokenizer(directory: Path, model: LlamaModel) -> Tokenizer | None:
     config_file = directory / "tokenizer_config.json"
     if config_file.is_file():
         add_bos = json.loads(config_file.read_text()).get("add_bos_token")
-    cfg = model.config
     return Tokenizer.from_file(file, cfg.bos_token_id, cfg.eos_token_ids, add_bos=add_bos)
 
 
@@ -103,7 +102,7 @@ def load_model(
         return model, _gguf_tokenizer(reader)
     directory = Path(source)
     model = load_hf_model(directory, dtype=dtype, device=device)
-    return model, _hf_tokenizer(directory, model)
+    return model, _hf_tokenizer(directory, model.config)
 
 
 def load_model_config(
@@ -122,6 +121,23 @@ def load_model_config(
     if not config_file.is_file():
         raise FileNotFoundError(f"{config_file} not found; not a Hugging Face model directory")
     return config_from_hf(json.loads(config_file.read_text()), name=Path(source).name)
+
+
+def load_tokenizer(
+    source: str = DEFAULT_SOURCE, load_format: str = "auto", model_shape: str | None = None
+) -> Tokenizer | None:
+    """The tokenizer :func:`load_model` would return, without reading any weights (for the router)."""
+    fmt = _resolve_format(source, load_format)
+    if fmt == "dummy":
+        if model_shape != "smollm2-135m":
+            return None
+        try:
+            return _gguf_tokenizer(open_gguf(find_smollm2_gguf()))
+        except FileNotFoundError:
+            return None
+    if fmt == "gguf":
+        return _gguf_tokenizer(open_gguf(_gguf_path(source)[0]))
+    return _hf_tokenizer(Path(source), load_model_config(source, load_format))
 
 
 def _dummy_shape(model_shape: str | None) -> ModelConfig:

@@ -1,0 +1,94 @@
+"""`kvwire serve`: the whole system on this machine (or on an existing Ray cluster)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import signal
+import sys
+import threading
+
+from kvwire.errors import UsageError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve", help="start prefill/decode workers and the gRPC router",
+        description="Start a local Ray cluster on 127.0.0.1 (or join one with --address), one pool of "
+                    "prefill and decode workers per KV format (default: one bf16 pool of SmolLM2 with one "
+                    "worker of each role, on the GPU when there is one), and the gRPC router (kvwire.v1.Router, "
+                    "health and reflection) with Prometheus metrics. Ctrl-C stops everything. Query it with "
+                    "`kvwire generate --router 127.0.0.1:50051 \"PROMPT\"`.",
+        epilog="A config file declares several pools side by side; see router/config.py for every key:\n"
+               "  [router]\n  port = 50051\n  [[pools]]\n  name = \"smollm2-nvfp4\"\n  kv_format = \"nvfp4\"\n"
+               "  prefill_workers = 1\n  decode_workers = 2",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", metavar="FILE", help="pools and router settings (TOML, YAML or JSON)")
+    p.add_argument("--address", metavar="RAY_ADDRESS",
+                   help="join this Ray cluster (e.g. head-svc:6379 or 'auto') instead of starting one")
+    p.add_argument("--host", help="address to listen on (default 127.0.0.1; 0.0.0.0 in a container)")
+    p.add_argument("--port", type=int, help="gRPC port (default 50051)")
+    p.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (default 9464; 0 turns it off)")
+    p.add_argument("--kv-format", help="KV format of the default pool when no --config (default bf16)")
+    p.add_argument("--device", help="worker device when no --config: auto, cpu or cuda (default auto)")
+    p.add_argument("--num-pages", type=int, help="KV pages per worker when no --config (default: engine's)")
+    p.set_defaults(run=run)
+
+
+def build_config(args: argparse.Namespace):
+    from router.config import ConfigError, PoolConfig, ServeConfig, load_config
+
+    try:
+        if args.config:
+            if args.kv_format or args.device or args.num_pages:
+                raise UsageError("--kv-format/--device/--num-pages describe the default pool; "
+                                 "with --config, set them per pool in the file")
+            config = load_config(args.config)
+        else:
+            fmt = args.kv_format or "bf16"
+            config = ServeConfig(pools=(PoolConfig(f"smollm2-{fmt.replace('/', '-')}", kv_format=fmt,
+                                                   device=args.device or "auto", num_pages=args.num_pages),))
+        overrides = {k: v for k, v in (("host", args.host), ("port", args.port),
+                                        ("metrics_port", args.metrics_port)) if v is not None}
+        if overrides:
+            config = dataclasses.replace(config, router=dataclasses.replace(config.router, **overrides))
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from exc
+    return config
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+
+    from router.serve import start_router
+
+    config = build_config(args)
+    logging.basicConfig(level=logging.WARNING, format="[kvwire] %(levelname)s %(message)s")
+
+    def progress(msg: str) -> None:
+        print(f"[kvwire] {msg}", file=sys.stderr, flush=True)
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        router = start_router(config, ray_address=args.address, progress=progress)
+    except OSError as exc:
+        raise UsageError(f"cannot start the router: {exc}") from exc
+    try:
+        print(f"[kvwire] serving on {router.target} (gRPC kvwire.v1.Router, health, reflection)", flush=True)
+        if router.metrics_port:
+            print(f"[kvwire] metrics on http://{config.router.host}:{router.metrics_port}/metrics", flush=True)
+        for pc in config.pools:
+            default = " (default)" if pc.name == config.default_pool else ""
+            print(f"[kvwire] pool {pc.name}{default}: model {pc.model}, KV format {pc.kv_format}, "
+                  f"{pc.prefill_workers} prefill + {pc.decode_workers} decode workers", flush=True)
+        print("[kvwire] Ctrl-C to stop", flush=True)
+        while not stop.wait(1.0):
+            if router.wait(0):
+                print("[kvwire] the router stopped unexpectedly", file=sys.stderr)
+                return 1
+    finally:
+        print("[kvwire] stopping", file=sys.stderr, flush=True)
+        router.stop()
+        print("[kvwire] stopped", file=sys.stderr, flush=True)
+    return 0

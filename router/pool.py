@@ -1,0 +1,190 @@
+"""A worker pool: one model in one KV format, its prefill and decode workers, and how to pick them.
+
+Prefill is chosen by prefix-cache affinity (the worker holding most of the prompt's leading
+pages skips their prefill), then by load; decode by free pages, then by load. A worker found
+dead leaves the pool at once and a replacement is started in the background; requests wait
+for a live worker (bounded by their deadline) rather than fail while it loads.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import ray
+
+from kvwire.formats import KVFormat, PageFormat
+from kvwire.model.config import ModelConfig
+from router.config import PoolConfig
+from router.streams import StreamPump
+from router.workers import Role, Worker, WorkerFactory, connect, kill
+
+log = logging.getLogger("kvwire.router")
+
+
+class NoWorkerError(RuntimeError):
+    """No live worker of a role within the wait allowed (the pool is down or still starting)."""
+
+
+@dataclass
+class PoolTotals:
+    requests_ok: int = 0
+    requests_failed: int = 0
+    requests_cancelled: int = 0
+    requests_rejected: int = 0
+    retries: int = 0
+    wire_bytes: int = 0
+    wire_bf16_bytes: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    prefix_pages_reused: int = 0
+    workers_replaced: int = 0
+
+
+class WorkerPool:
+    def __init__(self, cfg: PoolConfig, model: ModelConfig) -> None:
+        self.cfg = cfg
+        self.model = model
+        self.page_format = PageFormat(KVFormat.parse(cfg.kv_format), cfg.page_size, model.num_layers,
+                                      model.num_kv_heads, model.head_dim)
+        self.totals = PoolTotals()
+        self.workers: list[Worker] = []
+        self._factory = WorkerFactory(cfg)
+        self._pumps: dict[str, StreamPump] = {}
+        self._changed = asyncio.Condition()
+        self._replacing: set[asyncio.Task] = set()
+
+    # ---- lifecycle ----
+    async def start(self) -> None:
+        """Start every worker and connect each prefill worker to each decode worker."""
+        prefill = [self._factory.start(Role.PREFILL) for _ in range(self.cfg.prefill_workers)]
+        decode = [self._factory.start(Role.DECODE) for _ in range(self.cfg.decode_workers)]
+        await asyncio.gather(*(w.actor.handshake.remote() for w in prefill + decode))  # models loaded
+        for w in decode:
+            await connect(w, prefill)
+        for w in prefill + decode:
+            self._add(w)
+
+    def _add(self, worker: Worker) -> None:
+        self.workers.append(worker)
+        if worker.role is Role.DECODE:
+            self._pumps[worker.name] = StreamPump(worker, self.worker_died)
+
+    async def stop(self) -> None:
+        for task in self._replacing:
+            task.cancel()
+        for pump in self._pumps.values():
+            pump.stop()
+        await asyncio.gather(*(self._shutdown(w) for w in self.workers if w.alive), return_exceptions=True)
+        for w in self.workers:
+            kill(w)
+
+    @staticmethod
+    async def _shutdown(w: Worker) -> None:
+        await asyncio.wait_for(asyncio.wrap_future(w.actor.shutdown.remote().future()), 10)
+
+    def live(self, role: Role) -> list[Worker]:
+        return [w for w in self.workers if w.alive and w.role is role]
+
+    def open_stream(self, decode: Worker, rid: str) -> asyncio.Queue:
+        pump = self._pumps.get(decode.name)
+        if pump is None:
+            raise NoWorkerError(f"decode worker {decode.name} left pool {self.cfg.name}")
+        return pump.open(rid)
+
+    def close_stream(self, decode: Worker, rid: str) -> None:
+        pump = self._pumps.get(decode.name)
+        if pump is not None:
+            pump.close(rid)
+
+    # ---- failures ----
+    def worker_died(self, worker: Worker) -> None:
+        """Take a dead worker out of the pool and start its replacement (idempotent)."""
+        if not worker.alive:
+            return
+        log.warning("pool %s: worker %s died; starting a replacement", self.cfg.name, worker.name)
+        kill(worker)
+        self.workers.remove(worker)
+        pump = self._pumps.pop(worker.name, None)
+        if pump is not None:
+            pump.stop()
+        task = asyncio.get_running_loop().create_task(self._replace(worker.role))
+        self._replacing.add(task)
+        task.add_done_callback(self._replacing.discard)
+
+    async def _replace(self, role: Role) -> None:
+        new = self._factory.start(role)
+        try:
+            await connect(new, self.live(Role.DECODE if role is Role.PREFILL else Role.PREFILL))
+        except Exception as exc:
+            log.error("pool %s: replacement %s failed to start: %s", self.cfg.name, new.name, exc)
+            kill(new)
+            return
+        self._add(new)
+        self.totals.workers_replaced += 1
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def _wait_live(self, role: Role, timeout_s: float) -> list[Worker]:
+        async def wait() -> list[Worker]:
+            async with self._changed:
+                await self._changed.wait_for(lambda: bool(self.live(role)))
+            return self.live(role)
+        if self.live(role):
+            return self.live(role)
+        try:
+            return await asyncio.wait_for(wait(), timeout_s)
+        except asyncio.TimeoutError:
+            raise NoWorkerError(f"pool {self.cfg.name} has no live {role.value} worker "
+                                f"(replacement not ready within {timeout_s:.0f} s)") from None
+
+    # ---- choosing ----
+    async def choose_prefill(self, prompt_ids: list[int], timeout_s: float) -> Worker:
+        """Most of the prompt's leading pages cached, then fewest requests in flight."""
+        live = await self._wait_live(Role.PREFILL, timeout_s)
+        if len(live) == 1:
+            return live[0]
+        hits = await asyncio.gather(*(w.actor.cached_prefix_pages.remote(prompt_ids) for w in live),
+                                    return_exceptions=True)
+        scored = []
+        for w, h in zip(live, hits):
+            if isinstance(h, ray.exceptions.RayActorError):
+                self.worker_died(w)
+            elif not isinstance(h, BaseException):
+                scored.append((-h, w.inflight, w.name, w))
+        if not scored:
+            return await self.choose_prefill(prompt_ids, timeout_s)
+        return min(scored, key=lambda t: t[:3])[3]
+
+    async def choose_decode(self, timeout_s: float) -> Worker:
+        """Most free pages, then fewest requests in flight."""
+        live = await self._wait_live(Role.DECODE, timeout_s)
+        if len(live) == 1:
+            return live[0]
+        counters = await asyncio.gather(*(w.actor.counters.remote() for w in live), return_exceptions=True)
+        scored = []
+        for w, c in zip(live, counters):
+            if isinstance(c, ray.exceptions.RayActorError):
+                self.worker_died(w)
+            elif not isinstance(c, BaseException):
+                w.last_counters = c
+                scored.append((-c["pages_free"], w.inflight + c["running"], w.name, w))
+        if not scored:
+            return await self.choose_decode(timeout_s)
+        return min(scored, key=lambda t: t[:3])[3]
+
+    async def worker_counters(self) -> list[tuple[Worker, dict | None]]:
+        """Each live worker's counters (None where the call failed); refreshes ``last_counters``."""
+        ws = list(self.workers)
+        got = await asyncio.gather(*(w.actor.counters.remote() for w in ws), return_exceptions=True)
+        out = []
+        for w, c in zip(ws, got):
+            if isinstance(c, ray.exceptions.RayActorError):
+                self.worker_died(w)
+                out.append((w, None))
+            elif isinstance(c, BaseException):
+                out.append((w, None))
+            else:
+                w.last_counters = c
+                out.append((w, c))
+        return out

@@ -1,0 +1,152 @@
+"""Start the whole system: Ray (local on 127.0.0.1, or an existing cluster), the pools, the router.
+
+``start_router(config)`` returns a RunningRouter whose gRPC server and pools live on an
+asyncio loop in a background thread; ``stop()`` ends requests, shuts the workers down and
+(if it started Ray) Ray. `kvwire serve` is this plus signal handling.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Callable
+
+import grpc
+import ray
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from kvwire.model.registry import load_model_config, load_tokenizer
+from router.api import router_pb2, router_pb2_grpc
+from router.config import ServeConfig
+from router.metrics import RouterMetrics
+from router.pool import WorkerPool
+from router.service import RouterService
+
+log = logging.getLogger("kvwire.router")
+SERVICE_NAME = router_pb2.DESCRIPTOR.services_by_name["Router"].full_name
+LOCAL_RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def start_local_ray(num_workers: int) -> None:
+    """A single-node Ray bound to 127.0.0.1 (nothing listens on other addresses)."""
+    for key, value in LOCAL_RAY_ENV.items():
+        os.environ.setdefault(key, value)
+    # Actors reserve one logical CPU each for placement; give every worker one even on 2 cores.
+    ray.init(num_cpus=max(os.cpu_count() or 1, num_workers + 2), _node_ip_address="127.0.0.1",
+             include_dashboard=False, log_to_driver=False, configure_logging=False)
+
+
+@dataclass
+class RunningRouter:
+    config: ServeConfig
+    target: str                       # host:port of the gRPC server
+    metrics_port: int                 # 0 when disabled
+    pools: dict[str, WorkerPool]
+    _loop: asyncio.AbstractEventLoop
+    _thread: threading.Thread
+    _stopped: Future
+    _owns_ray: bool
+    _stop_event: asyncio.Event = field(repr=False, default=None)
+
+    def stop(self) -> None:
+        """Stop serving, shut the workers down, and stop Ray if this router started it (idempotent)."""
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop_event.set)
+            self._thread.join(timeout=60)
+        if self._owns_ray and ray.is_initialized():
+            ray.shutdown()
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Block until the router stops (True) or the timeout passes (False)."""
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+
+def start_router(config: ServeConfig, ray_address: str | None = None,
+                 progress: Callable[[str], None] = lambda msg: log.info(msg)) -> RunningRouter:
+    """Start Ray (unless connected already), every pool's workers and the gRPC server; return once serving."""
+    owns_ray = False
+    if not ray.is_initialized():
+        workers = sum(p.prefill_workers + p.decode_workers for p in config.pools)
+        if ray_address:
+            progress(f"joining the Ray cluster at {ray_address}")
+            ray.init(address=ray_address, log_to_driver=False, configure_logging=False)
+        else:
+            progress("starting a local Ray cluster on 127.0.0.1")
+            start_local_ray(workers)
+        owns_ray = True
+    ready: Future = Future()
+    stopped: Future = Future()
+    loop = asyncio.new_event_loop()
+    holder: dict = {}
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(_serve(config, progress, ready, holder))
+        except BaseException as exc:  # reported through `ready` if start-up failed
+            if not ready.done():
+                ready.set_exception(exc)
+        finally:
+            loop.close()
+            stopped.set_result(None)
+
+    thread = threading.Thread(target=run, name="kvwire-router", daemon=True)
+    thread.start()
+    try:
+        target, metrics_port = ready.result()
+    except BaseException:
+        thread.join(timeout=30)
+        if owns_ray:
+            ray.shutdown()
+        raise
+    return RunningRouter(config, target, metrics_port, holder["pools"], loop, thread, stopped, owns_ray,
+                         holder["stop"])
+
+
+async def _serve(config: ServeConfig, progress: Callable[[str], None], ready: Future, holder: dict) -> None:
+    stop = asyncio.Event()
+    holder["stop"] = stop
+    pools: dict[str, WorkerPool] = {}
+    tokenizers = {}
+    holder["pools"] = pools
+    metrics = RouterMetrics()
+    server = None
+    try:
+        for pc in config.pools:
+            model = load_model_config(pc.model, pc.load_format, pc.model_shape)
+            tokenizers[pc.name] = load_tokenizer(pc.model, pc.load_format, pc.model_shape)
+            pools[pc.name] = WorkerPool(pc, model)
+        progress(f"starting {sum(p.prefill_workers + p.decode_workers for p in config.pools)} workers "
+                 f"in {len(pools)} pool(s): " + ", ".join(f"{p.name} ({p.kv_format}, {p.prefill_workers} prefill "
+                                                          f"+ {p.decode_workers} decode)" for p in config.pools))
+        await asyncio.gather(*(p.start() for p in pools.values()))
+        service = RouterService(config, pools, tokenizers, metrics)
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        router_pb2_grpc.add_RouterServicer_to_server(service, server)
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        rc = config.router
+        port = server.add_insecure_port(f"{rc.host}:{rc.port}")
+        if port == 0:
+            raise OSError(f"cannot listen on {rc.host}:{rc.port} (in use?)")
+        await server.start()
+        for name in ("", SERVICE_NAME):
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        metrics_port = metrics.serve(rc.host, rc.metrics_port) if rc.metrics_port else 0
+        gauges = asyncio.get_running_loop().create_task(service.refresh_gauges())
+        ready.set_result((f"{rc.host}:{port}", metrics_port))
+        await stop.wait()
+        gauges.cancel()
+        for name in ("", SERVICE_NAME):
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    finally:
+        if server is not None:
+            await server.stop(grace=2.0)
+        metrics.stop()
+        await asyncio.gather(*(p.stop() for p in pools.values()), return_exceptions=True)

@@ -1,0 +1,71 @@
+"""Token streams from one decode worker, fetched for all of its requests in one call per round.
+
+A long poll per request would pin one actor thread per stream (64 streams, 64 threads, and
+admissions starved behind them); instead one pump per decode worker asks
+``poll_streams(rids)`` and hands each request's tokens to its asyncio queue. When the worker
+dies, every stream on it ends with an error at once.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Callable
+
+import ray
+
+from router.workers import Worker
+
+POLL_S = 0.5
+
+
+class StreamPump:
+    def __init__(self, worker: Worker, on_death: Callable[[Worker], None]) -> None:
+        self.worker = worker
+        self._on_death = on_death
+        self._queues: dict[str, asyncio.Queue] = {}
+        self._wake = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"pump-{worker.name}")
+
+    def open(self, rid: str) -> asyncio.Queue:
+        """The queue of ``rid``'s output: lists of token ids, then a finish-reason string."""
+        q: asyncio.Queue = asyncio.Queue()
+        self._queues[rid] = q
+        self._wake.set()
+        return q
+
+    def close(self, rid: str) -> None:
+        self._queues.pop(rid, None)
+
+    def stop(self) -> None:
+        self._task.cancel()
+
+    async def _run(self) -> None:
+        while True:
+            if not self._queues:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            rids = list(self._queues)
+            try:
+                batches = await self.worker.actor.poll_streams.remote(rids, POLL_S)
+            except ray.exceptions.RayActorError as exc:
+                self._fail_all(f"error: decode worker {self.worker.name} died: {exc.__class__.__name__}")
+                self._on_death(self.worker)
+                return
+            except Exception as exc:  # a failed poll fails its streams, never the pump silently
+                self._fail_all(f"error: polling {self.worker.name} failed: {exc}")
+                await asyncio.sleep(POLL_S)
+                continue
+            for rid, batch in batches.items():
+                q = self._queues.get(rid)
+                if q is None:
+                    continue
+                if batch.tokens:
+                    q.put_nowait(list(batch.tokens))
+                if batch.finished:
+                    q.put_nowait(batch.finished)
+                    self._queues.pop(rid, None)
+
+    def _fail_all(self, reason: str) -> None:
+        for q in self._queues.values():
+            q.put_nowait(reason)
+        self._queues.clear()

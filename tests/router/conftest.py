@@ -1,0 +1,95 @@
+"""`kvwire serve` started as a user would: a subprocess on free loopback ports, one per module."""
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import RAY_ENV
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def kvwire_exe() -> str:
+    exe = Path(sys.executable).parent / "kvwire"
+    if not exe.exists():
+        pytest.skip("the kvwire console script is not installed next to this Python")
+    return str(exe)
+
+
+@dataclass
+class Served:
+    proc: subprocess.Popen
+    target: str
+    metrics_port: int
+    lines: list[str]
+
+    def stop(self, timeout_s: float = 90.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
+
+
+def start_serve(config_text: str, tmp: Path, timeout_s: float = 240.0) -> Served:
+    """Start `kvwire serve --config` and wait for its 'serving on' line (or fail with its output)."""
+    pytest.importorskip("ray")
+    port, metrics = free_port(), free_port()
+    cfg = tmp / "pools.toml"
+    cfg.write_text(config_text)
+    env = {**os.environ, **RAY_ENV, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([kvwire_exe(), "serve", "--config", str(cfg), "--port", str(port),
+                             "--metrics-port", str(metrics)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    ready: queue.Queue = queue.Queue()
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append(line.rstrip())
+            if "serving on" in line:
+                ready.put(True)
+        ready.put(False)
+
+    threading.Thread(target=read, daemon=True).start()
+    served = Served(proc, f"127.0.0.1:{port}", metrics, lines)
+    try:
+        ok = ready.get(timeout=timeout_s)
+    except queue.Empty:
+        ok = False
+    if not ok:
+        served.stop(10)
+        pytest.fail("kvwire serve did not start:\n" + "\n".join(lines[-40:]))
+    return served
+
+
+@pytest.fixture(scope="module")
+def tmp_module(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("serve")
+
+
+def wait_until(predicate, timeout_s: float, every_s: float = 0.25) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(every_s)
+    return predicate()

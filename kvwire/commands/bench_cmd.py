@@ -9,11 +9,12 @@ BENCHES = {
     "attention": "kvwire.bench.attention",
     "quantize": "kvwire.bench.quantize",
     "transfer": "transfer.bench_requests",
+    "serve": "kvwire.bench.serve",
 }
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="benchmarks: attention, quantize (GPU), transfer",
+    p = sub.add_parser("bench", help="benchmarks: attention, quantize (GPU), transfer, serve",
                        description="Benchmarks that write JSON (--out) and print a table. Ratios are "
                                    "measured in one run against the baseline each benchmark names.")
     bsub = p.add_subparsers(dest="bench", metavar="BENCH", required=True)

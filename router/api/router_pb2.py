@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17router/api/router.proto\x12\tkvwire.v1\"\xcc\x01\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x12\n\nprompt_ids\x18\x02 \x03(\r\x12\x11\n\tkv_format\x18\x03 \x01(\t\x12\x0c\n\x04pool\x18\x04 \x01(\t\x12\x12\n\nmax_tokens\x18\x05 \x01(\r\x12\x13\n\x0btemperature\x18\x06 \x01(\x02\x12\r\n\x05top_p\x18\x07 \x01(\x02\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x00\x88\x01\x01\x12\x0c\n\x04\x63hat\x18\t \x01(\x08\x12\x12\n\nrequest_id\x18\n \x01(\tB\x07\n\x05_seed\"-\n\nTokenDelta\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\"\xb4\x02\n\x08\x46inished\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rfinish_reason\x18\x02 \x01(\t\x12\x15\n\rprompt_tokens\x18\x03 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x04 \x01(\r\x12\x0e\n\x06ttft_s\x18\x05 \x01(\x01\x12\x0f\n\x07total_s\x18\x06 \x01(\x01\x12\x11\n\tkv_format\x18\x07 \x01(\t\x12\x0c\n\x04pool\x18\x08 \x01(\t\x12\x12\n\nwire_bytes\x18\t \x01(\x04\x12\x17\n\x0fwire_bf16_bytes\x18\n \x01(\x04\x12\x1b\n\x13prefix_pages_reused\x18\x0b \x01(\r\x12\x16\n\x0eprefill_worker\x18\x0c \x01(\t\x12\x15\n\rdecode_worker\x18\r \x01(\t\x12\x10\n\x08\x61ttempts\x18\x0e \x01(\r\"l\n\x10GenerateResponse\x12&\n\x05\x64\x65lta\x18\x01 \x01(\x0b\x32\x15.kvwire.v1.TokenDeltaH\x00\x12\'\n\x08\x66inished\x18\x02 \x01(\x0b\x32\x13.kvwire.v1.FinishedH\x00\x42\x07\n\x05\x65vent\"\x12\n\x10ListPoolsRequest\"s\n\nWorkerInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\r\n\x05\x61live\x18\x03 \x01(\x08\x12\x14\n\x0cpages_in_use\x18\x04 \x01(\r\x12\x12\n\npages_free\x18\x05 \x01(\r\x12\x10\n\x08requests\x18\x06 \x01(\r\"\xd5\x01\n\x08PoolInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x11\n\tkv_format\x18\x03 \x01(\t\x12\x12\n\nis_default\x18\x04 \x01(\x08\x12\x13\n\x0bmax_context\x18\x05 \x01(\r\x12\x11\n\tpage_size\x18\x06 \x01(\r\x12\x17\n\x0f\x62ytes_per_token\x18\x07 \x01(\x01\x12\x1c\n\x14\x62\x66\x31\x36_bytes_per_token\x18\x08 \x01(\x01\x12&\n\x07workers\x18\t \x03(\x0b\x32\x15.kvwire.v1.WorkerInfo\"7\n\x11ListPoolsResponse\x12\"\n\x05pools\x18\x01 \x03(\x0b\x32\x13.kvwire.v1.PoolInfo\"\x0e\n\x0cStatsRequest\"\xe0\x02\n\tPoolStats\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x11\n\tkv_format\x18\x02 \x01(\t\x12\x13\n\x0brequests_ok\x18\x03 \x01(\x04\x12\x17\n\x0frequests_failed\x18\x04 \x01(\x04\x12\x1a\n\x12requests_cancelled\x18\x05 \x01(\x04\x12\x19\n\x11requests_rejected\x18\x06 \x01(\x04\x12\x0f\n\x07retries\x18\x07 \x01(\x04\x12\x12\n\nwire_bytes\x18\x08 \x01(\x04\x12\x17\n\x0fwire_bf16_bytes\x18\t \x01(\x04\x12\x15\n\rprompt_tokens\x18\n \x01(\x04\x12\x19\n\x11\x63ompletion_tokens\x18\x0b \x01(\x04\x12\x1b\n\x13prefix_pages_reused\x18\x0c \x01(\x04\x12\x18\n\x10workers_replaced\x18\r \x01(\x04\x12&\n\x07workers\x18\x0e \x03(\x0b\x32\x15.kvwire.v1.WorkerInfo\"V\n\rStatsResponse\x12#\n\x05pools\x18\x01 \x03(\x0b\x32\x14.kvwire.v1.PoolStats\x12\x10\n\x08inflight\x18\x02 \x01(\r\x12\x0e\n\x06queued\x18\x03 \x01(\r2\xd3\x01\n\x06Router\x12\x45\n\x08Generate\x12\x1a.kvwire.v1.GenerateRequest\x1a\x1b.kvwire.v1.GenerateResponse0\x01\x12\x46\n\tListPools\x12\x1b.kvwire.v1.ListPoolsRequest\x1a\x1c.kvwire.v1.ListPoolsResponse\x12:\n\x05Stats\x12\x17.kvwire.v1.StatsRequest\x1a\x18.kvwire.v1.StatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17router/api/router.proto\x12\tkvwire.v1\"\xe0\x01\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x12\n\nprompt_ids\x18\x02 \x03(\r\x12\x11\n\tkv_format\x18\x03 \x01(\t\x12\x0c\n\x04pool\x18\x04 \x01(\t\x12\x12\n\nmax_tokens\x18\x05 \x01(\r\x12\x13\n\x0btemperature\x18\x06 \x01(\x02\x12\r\n\x05top_p\x18\x07 \x01(\x02\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x00\x88\x01\x01\x12\x0c\n\x04\x63hat\x18\t \x01(\x08\x12\x12\n\nrequest_id\x18\n \x01(\t\x12\x12\n\nignore_eos\x18\x0b \x01(\x08\x42\x07\n\x05_seed\"-\n\nTokenDelta\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\"\xb4\x02\n\x08\x46inished\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rfinish_reason\x18\x02 \x01(\t\x12\x15\n\rprompt_tokens\x18\x03 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x04 \x01(\r\x12\x0e\n\x06ttft_s\x18\x05 \x01(\x01\x12\x0f\n\x07total_s\x18\x06 \x01(\x01\x12\x11\n\tkv_format\x18\x07 \x01(\t\x12\x0c\n\x04pool\x18\x08 \x01(\t\x12\x12\n\nwire_bytes\x18\t \x01(\x04\x12\x17\n\x0fwire_bf16_bytes\x18\n \x01(\x04\x12\x1b\n\x13prefix_pages_reused\x18\x0b \x01(\r\x12\x16\n\x0eprefill_worker\x18\x0c \x01(\t\x12\x15\n\rdecode_worker\x18\r \x01(\t\x12\x10\n\x08\x61ttempts\x18\x0e \x01(\r\"l\n\x10GenerateResponse\x12&\n\x05\x64\x65lta\x18\x01 \x01(\x0b\x32\x15.kvwire.v1.TokenDeltaH\x00\x12\'\n\x08\x66inished\x18\x02 \x01(\x0b\x32\x13.kvwire.v1.FinishedH\x00\x42\x07\n\x05\x65vent\"\x12\n\x10ListPoolsRequest\"s\n\nWorkerInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\r\n\x05\x61live\x18\x03 \x01(\x08\x12\x14\n\x0cpages_in_use\x18\x04 \x01(\r\x12\x12\n\npages_free\x18\x05 \x01(\r\x12\x10\n\x08requests\x18\x06 \x01(\r\"\xd5\x01\n\x08PoolInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x11\n\tkv_format\x18\x03 \x01(\t\x12\x12\n\nis_default\x18\x04 \x01(\x08\x12\x13\n\x0bmax_context\x18\x05 \x01(\r\x12\x11\n\tpage_size\x18\x06 \x01(\r\x12\x17\n\x0f\x62ytes_per_token\x18\x07 \x01(\x01\x12\x1c\n\x14\x62\x66\x31\x36_bytes_per_token\x18\x08 \x01(\x01\x12&\n\x07workers\x18\t \x03(\x0b\x32\x15.kvwire.v1.WorkerInfo\"7\n\x11ListPoolsResponse\x12\"\n\x05pools\x18\x01 \x03(\x0b\x32\x13.kvwire.v1.PoolInfo\"\x0e\n\x0cStatsRequest\"\xe0\x02\n\tPoolStats\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x11\n\tkv_format\x18\x02 \x01(\t\x12\x13\n\x0brequests_ok\x18\x03 \x01(\x04\x12\x17\n\x0frequests_failed\x18\x04 \x01(\x04\x12\x1a\n\x12requests_cancelled\x18\x05 \x01(\x04\x12\x19\n\x11requests_rejected\x18\x06 \x01(\x04\x12\x0f\n\x07retries\x18\x07 \x01(\x04\x12\x12\n\nwire_bytes\x18\x08 \x01(\x04\x12\x17\n\x0fwire_bf16_bytes\x18\t \x01(\x04\x12\x15\n\rprompt_tokens\x18\n \x01(\x04\x12\x19\n\x11\x63ompletion_tokens\x18\x0b \x01(\x04\x12\x1b\n\x13prefix_pages_reused\x18\x0c \x01(\x04\x12\x18\n\x10workers_replaced\x18\r \x01(\x04\x12&\n\x07workers\x18\x0e \x03(\x0b\x32\x15.kvwire.v1.WorkerInfo\"V\n\rStatsResponse\x12#\n\x05pools\x18\x01 \x03(\x0b\x32\x14.kvwire.v1.PoolStats\x12\x10\n\x08inflight\x18\x02 \x01(\r\x12\x0e\n\x06queued\x18\x03 \x01(\r2\xd3\x01\n\x06Router\x12\x45\n\x08Generate\x12\x1a.kvwire.v1.GenerateRequest\x1a\x1b.kvwire.v1.GenerateResponse0\x01\x12\x46\n\tListPools\x12\x1b.kvwire.v1.ListPoolsRequest\x1a\x1c.kvwire.v1.ListPoolsResponse\x12:\n\x05Stats\x12\x17.kvwire.v1.StatsRequest\x1a\x18.kvwire.v1.StatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,27 +32,27 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'router.api.router_pb2', _gl
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GENERATEREQUEST']._serialized_start=39
-  _globals['_GENERATEREQUEST']._serialized_end=243
-  _globals['_TOKENDELTA']._serialized_start=245
-  _globals['_TOKENDELTA']._serialized_end=290
-  _globals['_FINISHED']._serialized_start=293
-  _globals['_FINISHED']._serialized_end=601
-  _globals['_GENERATERESPONSE']._serialized_start=603
-  _globals['_GENERATERESPONSE']._serialized_end=711
-  _globals['_LISTPOOLSREQUEST']._serialized_start=713
-  _globals['_LISTPOOLSREQUEST']._serialized_end=731
-  _globals['_WORKERINFO']._serialized_start=733
-  _globals['_WORKERINFO']._serialized_end=848
-  _globals['_POOLINFO']._serialized_start=851
-  _globals['_POOLINFO']._serialized_end=1064
-  _globals['_LISTPOOLSRESPONSE']._serialized_start=1066
-  _globals['_LISTPOOLSRESPONSE']._serialized_end=1121
-  _globals['_STATSREQUEST']._serialized_start=1123
-  _globals['_STATSREQUEST']._serialized_end=1137
-  _globals['_POOLSTATS']._serialized_start=1140
-  _globals['_POOLSTATS']._serialized_end=1492
-  _globals['_STATSRESPONSE']._serialized_start=1494
-  _globals['_STATSRESPONSE']._serialized_end=1580
-  _globals['_ROUTER']._serialized_start=1583
-  _globals['_ROUTER']._serialized_end=1794
+  _globals['_GENERATEREQUEST']._serialized_end=263
+  _globals['_TOKENDELTA']._serialized_start=265
+  _globals['_TOKENDELTA']._serialized_end=310
+  _globals['_FINISHED']._serialized_start=313
+  _globals['_FINISHED']._serialized_end=621
+  _globals['_GENERATERESPONSE']._serialized_start=623
+  _globals['_GENERATERESPONSE']._serialized_end=731
+  _globals['_LISTPOOLSREQUEST']._serialized_start=733
+  _globals['_LISTPOOLSREQUEST']._serialized_end=751
+  _globals['_WORKERINFO']._serialized_start=753
+  _globals['_WORKERINFO']._serialized_end=868
+  _globals['_POOLINFO']._serialized_start=871
+  _globals['_POOLINFO']._serialized_end=1084
+  _globals['_LISTPOOLSRESPONSE']._serialized_start=1086
+  _globals['_LISTPOOLSRESPONSE']._serialized_end=1141
+  _globals['_STATSREQUEST']._serialized_start=1143
+  _globals['_STATSREQUEST']._serialized_end=1157
+  _globals['_POOLSTATS']._serialized_start=1160
+  _globals['_POOLSTATS']._serialized_end=1512
+  _globals['_STATSRESPONSE']._serialized_start=1514
+  _globals['_STATSRESPONSE']._serialized_end=1600
+  _globals['_ROUTER']._serialized_start=1603
+  _globals['_ROUTER']._serialized_end=1814
 # @@protoc_insertion_point(module_scope)

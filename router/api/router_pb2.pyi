@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "prompt_ids", "kv_format", "pool", "max_tokens", "temperature", "top_p", "seed", "chat", "request_id")
+    __slots__ = ("prompt", "prompt_ids", "kv_format", "pool", "max_tokens", "temperature", "top_p", "seed", "chat", "request_id", "ignore_eos")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     KV_FORMAT_FIELD_NUMBER: _ClassVar[int]
@@ -18,6 +18,7 @@ class GenerateRequest(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     prompt_ids: _containers.RepeatedScalarFieldContainer[int]
     kv_format: str
@@ -28,7 +29,8 @@ class GenerateRequest(_message.Message):
     seed: int
     chat: bool
     request_id: str
-    def __init__(self, prompt: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., kv_format: _Optional[str] = ..., pool: _Optional[str] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., chat: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
+    ignore_eos: bool
+    def __init__(self, prompt: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., kv_format: _Optional[str] = ..., pool: _Optional[str] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., chat: _Optional[bool] = ..., request_id: _Optional[str] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
 
 class TokenDelta(_message.Message):
     __slots__ = ("token_ids", "text")

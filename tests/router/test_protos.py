@@ -20,7 +20,7 @@ def test_stale_code_is_detected(tmp_path, monkeypatch):
     pytest.importorskip("grpc_tools")
     edited = tmp_path / "proto" / "router.proto"
     edited.parent.mkdir()
-    edited.write_text(regenerate.PROTO.read_text().replace("bool chat = 9;", "bool chat = 9;\n  bool extra = 11;"))
+    edited.write_text(regenerate.PROTO.read_text().replace("bool chat = 9;", "bool chat = 9;\n  bool extra = 99;"))
     monkeypatch.setattr(regenerate, "PROTO", edited)
     fresh = regenerate.generate(tmp_path / "out")
     pb2 = [p for p in fresh if p.name == "router_pb2.py"][0]

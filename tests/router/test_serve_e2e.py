@@ -3,6 +3,7 @@ Ray/NIXL, called by the generated client, by a client built from reflection alon
 `kvwire generate --router`; bad requests, a full queue, metrics, Stats, and a clean Ctrl-C."""
 from __future__ import annotations
 
+import json
 import subprocess
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -162,6 +163,21 @@ def test_metrics_and_no_pages_held_after(served, client):
     def idle() -> bool:
         return all(w.pages_in_use == 0 and w.requests == 0 for p in client.stats().pools for w in p.workers)
     assert wait_until(idle, 30), client.stats()
+
+
+def test_bench_serve_against_the_router(served, tmp_path):
+    out = tmp_path / "serve.json"
+    run = subprocess.run([kvwire_exe(), "bench", "serve", "--router", served.target, "--kv-formats", "bf16,nvfp4",
+                          "--requests", "2", "--concurrency", "2", "--prompt-tokens", "40", "--output-tokens", "3",
+                          "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    result = json.loads(out.read_text())
+    assert [r["kv_format"] for r in result["results"]] == ["bf16", "nvfp4"]
+    for r in result["results"]:
+        assert r["requests_ok"] == 2 and not r["errors"] and r["ttft_p50_s"] > 0 and r["output_tokens_per_s"] > 0
+    nv = result["results"][1]
+    assert nv["wire_ratio"] == pytest.approx(6540 / 23040, rel=0.01)
+    assert "| nvfp4 | 2 | 0 |" in run.stdout
 
 
 def test_ctrl_c_stops_everything(served):

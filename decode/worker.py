@@ -28,6 +28,9 @@ from transfer.handshake import decode_handshake
 from transfer.manifest import ManifestError, decode_manifest, done_notice
 
 
+FINISHED_KEPT = 4096   # finished requests whose final message is kept until read, at most
+
+
 class AdmissionError(RuntimeError):
     """A manifest was valid but its pages could not be brought in (transfer failed, timed out)."""
 
@@ -57,7 +60,7 @@ class DecodeWorker:
         self.transport = make_transport(cfg.transport, cfg.name)
         self.transport.register_pool(self.kv.pool.storage, self.engine.page_format)
         self._running: dict[str, _Request] = {}
-        self._finished: dict[str, _Request] = {}
+        self._finished: dict[str, _Request] = {}     # done, final reason not yet read (insertion order)
         self._reserved: dict[str, tuple] = {}      # rid -> (manifest, pages, tail slot, params)
         self._lock = threading.Lock()              # pool, tails, runner and the request maps
         self._changed = threading.Condition(self._lock)
@@ -252,6 +255,8 @@ class DecodeWorker:
         self.engine.runner.release(req.seq)
         req.out.put(reason)
         self._finished[req.rid] = req
+        while len(self._finished) > FINISHED_KEPT:      # streams nobody reads (aborted by their caller)
+            self._finished.pop(next(iter(self._finished)))
 
     def _loop(self) -> None:
         while True:

@@ -20,6 +20,17 @@ from router.streams import StreamPump
 from router.workers import Role, Worker, WorkerFactory, connect, kill
 
 log = logging.getLogger("kvwire.router")
+PROBE_TIMEOUT_S = 10.0       # a worker that does not answer a counters/affinity probe is skipped
+
+
+async def _probe(refs: list) -> list:
+    """Await quick worker calls together; a slow one comes back as a TimeoutError, not a hang."""
+    return await asyncio.gather(*(asyncio.wait_for(_awaited(r), PROBE_TIMEOUT_S) for r in refs),
+                                return_exceptions=True)
+
+
+async def _awaited(ref):
+    return await ref
 
 
 class NoWorkerError(RuntimeError):
@@ -144,8 +155,7 @@ class WorkerPool:
         live = await self._wait_live(Role.PREFILL, timeout_s)
         if len(live) == 1:
             return live[0]
-        hits = await asyncio.gather(*(w.actor.cached_prefix_pages.remote(prompt_ids) for w in live),
-                                    return_exceptions=True)
+        hits = await _probe([w.actor.cached_prefix_pages.remote(prompt_ids) for w in live])
         scored = []
         for w, h in zip(live, hits):
             if isinstance(h, ray.exceptions.RayActorError):
@@ -161,7 +171,7 @@ class WorkerPool:
         live = await self._wait_live(Role.DECODE, timeout_s)
         if len(live) == 1:
             return live[0]
-        counters = await asyncio.gather(*(w.actor.counters.remote() for w in live), return_exceptions=True)
+        counters = await _probe([w.actor.counters.remote() for w in live])
         scored = []
         for w, c in zip(live, counters):
             if isinstance(c, ray.exceptions.RayActorError):
@@ -176,7 +186,7 @@ class WorkerPool:
     async def worker_counters(self) -> list[tuple[Worker, dict | None]]:
         """Each live worker's counters (None where the call failed); refreshes ``last_counters``."""
         ws = list(self.workers)
-        got = await asyncio.gather(*(w.actor.counters.remote() for w in ws), return_exceptions=True)
+        got = await _probe([w.actor.counters.remote() for w in ws])
         out = []
         for w, c in zip(ws, got):
             if isinstance(c, ray.exceptions.RayActorError):

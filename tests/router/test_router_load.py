@@ -11,6 +11,8 @@ import grpc
 import pytest
 import ray
 
+from kvwire.model.registry import load_tokenizer
+from kvwire.sampling import SamplingParams
 from router.client import RouterClient
 from router.config import PoolConfig, RouterConfig, ServeConfig
 from router.serve import start_router
@@ -38,6 +40,21 @@ def client(router):
 
 def _idle(client: RouterClient) -> bool:
     return all(w.pages_in_use == 0 and w.requests == 0 for p in client.stats().pools for w in p.workers)
+
+
+def test_prefill_worker_chosen_by_prefix_affinity(router, client):
+    """Prime the second prefill worker's cache with a prompt; the router sends that prompt to it."""
+    pool = router.pools["load"]
+    second = sorted((w for w in pool.workers if w.role is Role.PREFILL), key=lambda w: w.name)[1]
+    text = "Affinity check. " + "Pages of a shared prefix stay cached on one worker. " * 12
+    ids = load_tokenizer().encode(text)
+    ray.get(second.actor.prefill_request.remote("prime", ids, SamplingParams(max_tokens=1)))
+    ray.get(second.actor.release.remote("prime"))
+    done = client.complete(text, max_tokens=2).finished
+    assert done.prefill_worker == second.name
+    assert done.prefix_pages_reused == (len(ids) - 1) // 16
+    again = client.complete("Something else entirely, short.", max_tokens=1).finished
+    assert again.prefix_pages_reused == 0
 
 
 def test_64_streams_with_a_prefill_worker_killed(router, client):

@@ -53,14 +53,15 @@ class PoolTotals:
 
 
 class WorkerPool:
-    def __init__(self, cfg: PoolConfig, model: ModelConfig) -> None:
+    def __init__(self, cfg: PoolConfig, model: ModelConfig, auto_gpus: float = 0.0) -> None:
+        """``auto_gpus``: GPUs per worker where the config says "auto" (the router shares the cluster's)."""
         self.cfg = cfg
         self.model = model
         self.page_format = PageFormat(KVFormat.parse(cfg.kv_format), cfg.page_size, model.num_layers,
                                       model.num_kv_heads, model.head_dim)
         self.totals = PoolTotals()
         self.workers: list[Worker] = []
-        self._factory = WorkerFactory(cfg)
+        self._factory = WorkerFactory(cfg, auto_gpus)
         self._pumps: dict[str, StreamPump] = {}
         self._changed = asyncio.Condition()
         self._replacing: set[asyncio.Task] = set()

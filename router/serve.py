@@ -40,6 +40,21 @@ def start_local_ray(num_workers: int) -> None:
              include_dashboard=False, log_to_driver=False, configure_logging=False)
 
 
+def auto_gpus_per_worker(config: ServeConfig) -> float:
+    """GPUs for each worker whose pool says gpus_per_worker = "auto".
+
+    One GPU each when the cluster has enough; otherwise an equal share, so that `kvwire serve`
+    on a one-GPU machine puts its prefill and decode workers on that GPU together.
+    """
+    gpus = ray.cluster_resources().get("GPU", 0.0)
+    auto = [p for p in config.pools if p.num_gpus is None and p.device != "cpu"]
+    fixed = sum(p.num_gpus * (p.prefill_workers + p.decode_workers) for p in config.pools if p.num_gpus)
+    workers = sum(p.prefill_workers + p.decode_workers for p in auto)
+    if not gpus or not workers:
+        return 0.0
+    return min(1.0, max(gpus - fixed, 0.0) / workers)
+
+
 @dataclass
 class RunningRouter:
     config: ServeConfig
@@ -117,10 +132,11 @@ async def _serve(config: ServeConfig, progress: Callable[[str], None], ready: Fu
     metrics = RouterMetrics()
     server = None
     try:
+        auto = auto_gpus_per_worker(config)
         for pc in config.pools:
             model = load_model_config(pc.model, pc.load_format, pc.model_shape)
             tokenizers[pc.name] = load_tokenizer(pc.model, pc.load_format, pc.model_shape)
-            pools[pc.name] = WorkerPool(pc, model)
+            pools[pc.name] = WorkerPool(pc, model, auto)
         progress(f"starting {sum(p.prefill_workers + p.decode_workers for p in config.pools)} workers "
                  f"in {len(pools)} pool(s): " + ", ".join(f"{p.name} ({p.kv_format}, {p.prefill_workers} prefill "
                                                           f"+ {p.decode_workers} decode)" for p in config.pools))

@@ -49,8 +49,12 @@ def worker_config(pool: PoolConfig, name: str) -> WorkerConfig:
 class WorkerFactory:
     """Starts a pool's worker actors with fresh names and the pool's resources."""
 
-    def __init__(self, pool: PoolConfig) -> None:
+    def __init__(self, pool: PoolConfig, auto_gpus: float = 0.0) -> None:
         self.pool = pool
+        if pool.num_gpus is not None:
+            self.num_gpus = pool.num_gpus
+        else:
+            self.num_gpus = 0.0 if pool.device == "cpu" else auto_gpus
         self._serial = {Role.PREFILL: itertools.count(), Role.DECODE: itertools.count()}
 
     def start(self, role: Role) -> Worker:
@@ -60,7 +64,7 @@ class WorkerFactory:
         if resource:
             options["resources"] = {resource: 1}
         start = start_prefill_actor if role is Role.PREFILL else start_decode_actor
-        actor = start(worker_config(self.pool, name), num_gpus=self.pool.num_gpus, **options)
+        actor = start(worker_config(self.pool, name), num_gpus=self.num_gpus, **options)
         return Worker(name, role, actor, agent=name)
 
 

@@ -24,8 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-tokens", type=int, default=512, help="prompt length in tokens (default 512)")
     parser.add_argument("--output-tokens", type=int, default=32, help="tokens generated per request (default 32)")
     parser.add_argument("--seed", type=int, default=0, help="seed for the prompts (default 0)")
-    parser.add_argument("--device", default="auto", help="workers' device when this command starts the router")
     parser.add_argument("--num-pages", type=int, default=None, help="KV pages per worker when starting the router")
+    from kvwire.commands.model_args import add_model_arguments
+    add_model_arguments(parser)   # the model of the pools this command starts (ignored with --router)
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -108,7 +109,8 @@ def run(args: argparse.Namespace) -> dict:
         from router.config import PoolConfig, RouterConfig, ServeConfig
         from router.serve import start_router
 
-        pools = tuple(PoolConfig(f"bench-{f.replace('/', '-')}", kv_format=f, device=args.device,
+        pools = tuple(PoolConfig(f"bench-{f.replace('/', '-')}", kv_format=f, device=args.device, model=args.model,
+                                 load_format=args.load_format, model_shape=args.model_shape,
                                  num_pages=args.num_pages, max_batch=max(args.concurrency, 1)) for f in formats)
         router = start_router(ServeConfig(RouterConfig(port=0, metrics_port=0, max_inflight=args.concurrency,
                                                        max_queue=args.concurrency), pools),

@@ -84,3 +84,22 @@ def test_keys_are_the_dataclass_fields():
     keys = config_keys()
     assert "kv_format" in keys["pools"] and "max_queue" in keys["router"]
     assert PoolConfig("x").name == "x"
+
+
+def test_auto_gpus_share_one_gpu(monkeypatch):
+    """On a one-GPU machine the default pool's two workers get half a GPU each; CPU pools none."""
+    import ray
+
+    from router.serve import auto_gpus_per_worker
+    from router.workers import WorkerFactory
+
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"GPU": 1.0, "CPU": 16.0})
+    assert auto_gpus_per_worker(ServeConfig()) == 0.5
+    two = ServeConfig(pools=(PoolConfig("a"), PoolConfig("b", kv_format="nvfp4", decode_workers=2)))
+    assert auto_gpus_per_worker(two) == pytest.approx(0.2)
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"GPU": 8.0})
+    assert auto_gpus_per_worker(two) == 1.0
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
+    assert auto_gpus_per_worker(ServeConfig()) == 0.0
+    assert WorkerFactory(PoolConfig("c", device="cpu"), auto_gpus=0.5).num_gpus == 0.0
+    assert WorkerFactory(PoolConfig("g", gpus_per_worker=0.25), auto_gpus=0.5).num_gpus == 0.25

@@ -2,32 +2,22 @@
 this test starts on 127.0.0.1 (only the dashboard address is swapped for the local one). The
 same test GETs the health paths the manifests' readiness probes use, on that head.
 
-The head runs as `ray start --head --block` in a session of its own with a private temp dir;
-cleanup signals that process group, then any process still naming the temp dir (ours alone),
-and checks none is left. `ray stop` is never used: it would stop every Ray on the machine.
+The head comes from tests/ray_head.py (started as a user would, cleaned up without `ray stop`).
 """
 from __future__ import annotations
 
-import os
 import re
 import shlex
-import signal
-import socket
 import subprocess
-import sys
-import tempfile
-import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
 from tests.k8s.render import K8S, ROOT, find, render_cached
+from tests.ray_head import BIN, ray_head
 
 GUIDE = ROOT / "docs" / "deploy.md"
 MARK = "<!-- tests/k8s/test_ray_job_submit.py runs the next command"
-BIN = Path(sys.executable).parent
-ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
 def guide_command() -> list[str]:
@@ -38,83 +28,15 @@ def guide_command() -> list[str]:
     return shlex.split(m.group(1).replace("\\\n", " "))
 
 
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def our_pids(marker: str) -> list[int]:
-    """Processes whose command line names our private temp dir."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if marker.encode() in (proc / "cmdline").read_bytes():
-                    pids.append(int(proc.name))
-            except OSError:
-                pass
-    return pids
-
-
 @pytest.fixture()
-def ray_head():
-    """(dashboard URL, dashboard agent port) of a Ray head bound to 127.0.0.1, stopped after."""
-    if not (BIN / "ray").exists():
-        pytest.fail("no ray CLI in the venv: scripts/setup.sh --test installs ray[default]")
-    temp = tempfile.mkdtemp(prefix="kvk8s")
-    gcs, dash, agent, client, metrics = free_ports(5)
-    env = {**os.environ, **ENV, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
-    cmd = [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
-           f"--port={gcs}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-           f"--dashboard-port={dash}", f"--dashboard-agent-listen-port={agent}",
-           f"--ray-client-server-port={client}", f"--metrics-export-port={metrics}",
-           "--num-cpus=1", "--num-gpus=0", f"--temp-dir={temp}", "--disable-usage-stats"]
-    head = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{dash}"
-    try:
-        deadline = time.monotonic() + 45
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/api/gcs_healthz", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if head.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"the Ray head did not come up (exit {head.poll()}); logs in {temp}")
-            time.sleep(0.5)
-        yield url, agent, env
-    finally:
-        try:
-            os.killpg(head.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            head.wait(timeout=3)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait(timeout=10)
-        for _ in range(20):
-            left = our_pids(temp)
-            if not left:
-                break
-            for pid in left:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.5)
-        assert not our_pids(temp), "Ray processes of the test's head are still running"
+def ray_head_fixture():
+    """(dashboard URL, dashboard agent port, env) of a Ray head bound to 127.0.0.1, stopped after."""
+    with ray_head(num_cpus=1, dashboard=True) as head:
+        yield head.dashboard_url, head.agent_port, head.env
 
 
-def test_guide_ray_job_submit_runs_on_a_local_head(ray_head) -> None:
-    url, agent, env = ray_head
+def test_guide_ray_job_submit_runs_on_a_local_head(ray_head_fixture) -> None:
+    url, agent, env = ray_head_fixture
     argv = guide_command()
     assert argv[:3] == ["ray", "job", "submit"], argv
     assert argv[argv.index("--address") + 1] == "http://127.0.0.1:8265", "the guide's port-forwarded dashboard"

@@ -126,3 +126,19 @@ def test_deadline_ends_request_and_frees_pages(client):
     assert err.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
     assert time.monotonic() - start < 15
     assert wait_until(lambda: _idle(client), 30), client.stats()
+
+
+def test_decode_worker_killed_mid_stream_fails_cleanly_then_is_replaced(router, client):
+    pool = router.pools["load"]
+    stream = client.generate("Count: 1, 2, 3, 4, 5, 6, 7, 8,", max_tokens=400)
+    first = next(stream)
+    assert first.HasField("delta")
+    victim = next(w for w in pool.workers if w.role is Role.DECODE)
+    ray.kill(victim.actor, no_restart=True)
+    with pytest.raises(grpc.RpcError) as err:
+        for _ in stream:
+            pass
+    assert err.value.code() is grpc.StatusCode.INTERNAL and "died" in err.value.details()
+    done = client.complete("After the replacement.", max_tokens=2, timeout_s=180).finished
+    assert done.completion_tokens == 2 and done.decode_worker != victim.name
+    assert wait_until(lambda: _idle(client), 60), client.stats()

@@ -10,6 +10,8 @@ import operator
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
+
 
 class PageIdError(ValueError):
     """Page ids that must not be used for a transfer (out of range, duplicated, mismatched)."""
@@ -30,6 +32,12 @@ def check_page_ids(page_ids: Sequence[int], num_pages: int, what: str) -> list[i
     Duplicates are refused on both sides: two writes to one destination page race, and a repeated
     source page is almost always a bookkeeping bug upstream.
     """
+    ids = list(page_ids)
+    # Fast path for plain ints (what workers pass): C-speed checks, ~20x cheaper per page than
+    # the loop below, which stays for everything else and for naming the offending id.
+    if all(type(p) is int for p in ids) and (not ids or (min(ids) >= 0 and max(ids) < num_pages)) \
+            and len(set(ids)) == len(ids):
+        return ids
     out: list[int] = []
     seen: set[int] = set()
     for raw in page_ids:
@@ -60,14 +68,17 @@ def page_runs(page_ids: Sequence[int]) -> list[tuple[int, int]]:
 
 
 def paired_runs(local_pages: Sequence[int], remote_pages: Sequence[int]) -> list[Run]:
-    """One Run per stretch where both local and remote ids are consecutive, in order."""
+    """One Run per stretch where both local and remote ids are consecutive, in order.
+
+    Runs on the issuing path of every transfer (a 64k-token request is ~4k pages): vectorised,
+    a Run built once per stretch (per page in Python it cost milliseconds, the size of the transfer).
+    """
     if len(local_pages) != len(remote_pages):
         raise PageIdError(f"{len(local_pages)} local pages cannot pair with {len(remote_pages)} remote pages")
-    runs: list[Run] = []
-    for local, remote in zip(local_pages, remote_pages):
-        last = runs[-1] if runs else None
-        if last and local == last.local_first + last.count and remote == last.remote_first + last.count:
-            runs[-1] = Run(last.local_first, last.remote_first, last.count + 1)
-        else:
-            runs.append(Run(local, remote, 1))
-    return runs
+    n = len(local_pages)
+    if n == 0:
+        return []
+    local = np.fromiter(local_pages, np.int64, n)
+    remote = np.fromiter(remote_pages, np.int64, n)
+    breaks = (np.flatnonzero((np.diff(local) != 1) | (np.diff(remote) != 1)) + 1).tolist()
+    return [Run(int(local[a]), int(remote[a]), b - a) for a, b in zip([0, *breaks], [*breaks, n])]

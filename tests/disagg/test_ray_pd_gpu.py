@@ -2,7 +2,16 @@
 
 Dummy weights at the SmolLM2 shape (the real GGUF is too big to carry to the GPU machine in one
 run); the disaggregated tokens must equal the single-process engine's on the same weights.
+
+This module starts its own Ray cluster: it declares the GPU (fractional actors need it counted),
+forwards actor output (a worker that fails to start says why), and gives the actors the
+driver's whole PYTHONPATH. On the GPU machine Ray, NIXL and gguf come from a PYTHONPATH entry
+(/tmp/site); with only the tree on it, the actors' worker processes cannot import ray, never
+register, and ``ray.get`` waits forever (the 2026-12-02 failure and hang).
 """
+import os
+import pathlib
+
 import pytest
 import torch
 
@@ -20,6 +29,21 @@ if not torch.cuda.is_available():
 pytest.importorskip("nixl")
 
 DUMMY = dict(load_format="dummy", model_shape="smollm2-135m", device="cuda")
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    env = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    os.environ.update({k: v for k, v in env.items() if k != "PYTHONPATH"})
+    ray.init(num_cpus=4, num_gpus=1, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=True,
+             object_store_memory=200 * 1024 * 1024, configure_logging=False, runtime_env={"env_vars": env})
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8-token", "nvfp4", "fp8-token/nvfp4"])

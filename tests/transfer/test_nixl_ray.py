@@ -18,6 +18,9 @@ ray = pytest.importorskip("ray", reason="ray is not installed")
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
 NUM_PAGES = {"default": 32, "tcp": 512}  # tcp: 128 MiB transfers, still in flight when checked
+# The tree, then the driver's own PYTHONPATH: where ray itself comes from a PYTHONPATH entry (the GPU
+# machine's /tmp/site), actors given only the tree cannot import ray and never start.
+PYTHONPATH = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +29,7 @@ def peers():
     os.environ.update(RAY_ENV)
     ray.init(num_cpus=2, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False,
              object_store_memory=80 * 1024 * 1024, configure_logging=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), **RAY_ENV}})
+             runtime_env={"env_vars": {"PYTHONPATH": PYTHONPATH, **RAY_ENV}})
     try:
         from tests.transfer.ray_peer import PoolPeer
         actor = ray.remote(num_cpus=0)(PoolPeer)

@@ -36,3 +36,22 @@ def test_check_page_ids() -> None:
         check_page_ids([True], 4, "local")
     with pytest.raises(PageIdError, match="is not an integer"):
         check_page_ids([1.0], 4, "local")
+
+
+def test_paired_runs_match_the_per_page_rule_on_long_lists() -> None:
+    """The vectorised split (a 64k-token request is ~4k pages) against the rule, page by page."""
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        local = sorted(rng.permutation(230)[:200].tolist())  # long runs, broken at random places
+        remote = sorted(rng.permutation(220)[:200].tolist())
+        want: list[Run] = []
+        for a, b in zip(local, remote):
+            last = want[-1] if want else None
+            if last and a == last.local_first + last.count and b == last.remote_first + last.count:
+                want[-1] = Run(last.local_first, last.remote_first, last.count + 1)
+            else:
+                want.append(Run(a, b, 1))
+        got = paired_runs(local, remote)
+        assert got == want and all(type(x) is int for r in got for x in (r.local_first, r.remote_first, r.count))
+    assert paired_runs(list(range(4095)), list(range(1, 4096))) == [Run(0, 1, 4095)]
+    assert check_page_ids(range(3), 4, "x") == [0, 1, 2]

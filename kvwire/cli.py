@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvwire.commands import bench_cmd, formats_cmd, generate_cmd, serve_cmd
+from kvwire.commands import bench_cmd, formats_cmd, generate_cmd, serve_cmd, validate_cmd
 from kvwire.errors import USER_ERRORS
 
 DESCRIPTION = """\
@@ -33,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate_cmd.add_parser(sub)
     serve_cmd.add_parser(sub)
     bench_cmd.add_parser(sub)
+    validate_cmd.add_parser(sub)
     return parser
 
 

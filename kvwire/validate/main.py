@@ -1,0 +1,127 @@
+"""Put a sweep together from the command line: config, model or tokenizer, backend, store;
+run; then the recommendation, plots and report (also alone, with --report-only)."""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import shlex
+import sys
+from pathlib import Path
+
+from kvwire.validate.config import ConfigError, SweepConfig
+from kvwire.validate.plots import fidelity_plot, recall_plot
+from kvwire.validate.recommend import headline, recommend
+from kvwire.validate.report import baseline_passkey, write_report
+from kvwire.validate.results import ResultStore, load_results
+
+
+def sweep_config(args: argparse.Namespace, max_context: int) -> SweepConfig:
+    from kvwire.formats import listed_formats
+
+    formats = args.formats or tuple(f.name for f in listed_formats(args.all_formats))
+    config = SweepConfig(formats=formats, lengths=args.lengths, samples=args.samples, questions=args.questions,
+                         prefix_cold=args.prefix_cold, seed=args.seed, tolerance=args.tolerance,
+                         probe_positions=args.probe_positions, page_size=args.page_size,
+                         chunk_size=args.chunk_size, model=args.model).fit_lengths(max_context)
+    if args.max_length is not None:
+        kept = tuple(n for n in config.lengths if n <= args.max_length)
+        if not kept:
+            raise ConfigError(f"--max-length {args.max_length} drops every length ({list(config.lengths)})")
+        config = SweepConfig(**{**config.__dict__, "lengths": kept})
+    return config
+
+
+def machine() -> str:
+    import torch
+
+    cpu = f"{platform.machine()}, {os.cpu_count()} CPUs"
+    if torch.cuda.is_available():
+        cpu += f", {torch.cuda.get_device_name(0)}"
+    return f"{platform.node()} ({cpu}; Python {platform.python_version()}, torch {torch.__version__})"
+
+
+def finish(out: Path, data: dict | None = None) -> dict:
+    """Recommendation, plots and report from the results file; returns the recommendation."""
+    data = data or load_results(out / "results.json")
+    rec = recommend(data, data["sweep"]["tolerance"])
+    try:
+        import matplotlib  # noqa: F401
+        images = {"recall": recall_plot(data, out / "recall.png"),
+                  "fidelity": fidelity_plot(data, out / "fidelity.png")}
+    except ImportError:   # e.g. the GPU image: draw them later with --report-only where it is installed
+        print("kvwire validate: matplotlib is not installed; no plots (pip install matplotlib, then "
+              "--report-only redraws them)", file=sys.stderr)
+        images = {}
+    write_report(data, rec, out, images)
+    data["recommendation"] = rec
+    ResultStore(out / "results.json", data).save()
+    return rec
+
+
+def _backend(args: argparse.Namespace, config: SweepConfig, model, tokenizer, model_config):
+    if args.backend == "inprocess":
+        from kvwire.validate.backends import InProcessBackend
+        return InProcessBackend(model, tokenizer, config.page_size, config.chunk_size)
+    if args.backend == "router":
+        from kvwire.validate.backends import RouterBackend
+        return RouterBackend(args.target)
+    from kvwire.formats import KVFormat, PageFormat
+    from kvwire.validate.ray_backend import PoolTemplate, RayRouterBackend
+
+    def bpt(fmt: str) -> float:
+        c = model_config
+        return PageFormat(KVFormat.parse(fmt), config.page_size, c.num_layers, c.num_kv_heads, c.head_dim).bytes_per_token
+
+    template = PoolTemplate(model=args.model, page_size=config.page_size, chunk_size=config.chunk_size,
+                            transport=args.transport, device=args.device)
+    return RayRouterBackend(args.ray_address, template, bpt)
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    from kvwire.commands.model_args import resolve_device
+    from kvwire.model.registry import load_model, load_model_config, load_tokenizer
+    from kvwire.validate.sweep import run_sweep
+
+    out = Path(args.out)
+    if args.report_only:
+        print(headline(finish(out)))
+        print(f"report: {out / 'report.md'}")
+        if args.print_report:
+            print("\n" + (out / "report.md").read_text())
+        return 0
+    model_config = load_model_config(args.model)
+    config = sweep_config(args, model_config.max_context)     # bad flags fail before the model loads
+    if args.threads is not None:
+        import torch
+        if args.threads < 1:
+            raise ConfigError("--threads must be at least 1")
+        torch.set_num_threads(args.threads)
+    model = None
+    if args.backend == "inprocess":
+        model, tokenizer = load_model(args.model, device=resolve_device(args.device))
+    else:
+        tokenizer = load_tokenizer(args.model)
+    if tokenizer is None:
+        raise ConfigError(f"model {args.model} has no tokenizer; validation needs text")
+    backend = _backend(args, config, model, tokenizer, model_config)
+    meta = {"model": model_config.name, "max_context": model_config.max_context, "backend": backend.description,
+            "machine": machine(), "command": shlex.join([os.path.basename(sys.argv[0]) or "kvwire"] + sys.argv[1:]),
+            "started": datetime.datetime.now().isoformat(timespec="seconds")}
+    store = ResultStore.open(out / "results.json", config, meta, fresh=args.fresh)
+    try:
+        run_sweep(config, backend, tokenizer, store, progress=not args.no_progress)
+    finally:
+        backend.close()
+    store.data["meta"]["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
+    rec = finish(out, store.data)
+    print(headline(rec))
+    bp = baseline_passkey(store.data)
+    if bp is not None:
+        print(f"bf16 passkey recall: {100 * bp:.1f}%")
+    print(f"results: {out / 'results.json'}\nplots: {out / 'recall.png'}, {out / 'fidelity.png'}\n"
+          f"report: {out / 'report.md'}")
+    if args.print_report:
+        print("\n" + (out / "report.md").read_text())
+    return 0

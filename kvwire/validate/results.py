@@ -1,0 +1,67 @@
+"""The results file: every finished cell, saved after each one, so a stopped sweep resumes.
+
+A cell is one (format, context length). The file also records the sweep's task settings and
+their fingerprint: resuming with different settings would mix incomparable cells, so it is
+refused with a message saying how to start over.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from kvwire.validate.config import ConfigError, SweepConfig, cell_key
+
+SCHEMA = 1
+
+
+class ResultStore:
+    def __init__(self, path: Path, data: dict) -> None:
+        self.path = path
+        self.data = data
+
+    @classmethod
+    def open(cls, path: Path, config: SweepConfig, meta: dict, fresh: bool = False) -> "ResultStore":
+        """Load ``path`` to resume (same task settings required), or start an empty file."""
+        if path.exists() and not fresh:
+            data = json.loads(path.read_text())
+            if data.get("schema") != SCHEMA:
+                raise ConfigError(f"{path} is not a kvwire validate results file of schema {SCHEMA}")
+            if data.get("fingerprint") != config.fingerprint():
+                raise ConfigError(f"{path} was made with other task settings ({data.get('settings')}); "
+                                  "pass --fresh to start over or choose another --out")
+            data["meta"] = {**data.get("meta", {}), **meta}
+        else:
+            data = {"schema": SCHEMA, "fingerprint": config.fingerprint(), "settings": config.task_settings(),
+                    "meta": meta, "formats": {}, "cells": {}}
+        data["sweep"] = {"formats": list(config.formats), "lengths": list(config.lengths),
+                         "tolerance": config.tolerance}
+        store = cls(path, data)
+        store.save()
+        return store
+
+    def has(self, fmt: str, length: int) -> bool:
+        return cell_key(fmt, length) in self.data["cells"]
+
+    def put(self, fmt: str, length: int, cell: dict) -> None:
+        self.data["cells"][cell_key(fmt, length)] = cell
+        self.save()
+
+    def set_format(self, fmt: str, bytes_per_token: float, bf16_bytes_per_token: float) -> None:
+        self.data["formats"][fmt] = {"bytes_per_token": bytes_per_token,
+                                     "ratio_to_bf16": round(bytes_per_token / bf16_bytes_per_token, 4)}
+        self.save()
+
+    def save(self) -> None:
+        """Write atomically: a crash mid-write must not lose the cells already finished."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(self.path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1, sort_keys=False))
+        os.replace(tmp, self.path)
+
+
+def load_results(path: Path) -> dict:
+    data = json.loads(Path(path).read_text())
+    if data.get("schema") != SCHEMA:
+        raise ConfigError(f"{path} is not a kvwire validate results file of schema {SCHEMA}")
+    return data

@@ -1,0 +1,45 @@
+"""Sweep settings: bf16 always runs first, bad settings are refused, fingerprints track results."""
+import dataclasses
+
+import pytest
+
+from kvwire.validate.config import ConfigError, SweepConfig
+
+
+def test_bf16_is_added_and_runs_first():
+    assert SweepConfig(formats=("nvfp4",)).formats == ("bf16", "nvfp4")
+    assert SweepConfig(formats=("nvfp4", "bf16", "fp8-token/nvfp4")).formats == ("bf16", "nvfp4", "fp8-token/nvfp4")
+
+
+def test_default_formats_include_mixed_ones():
+    f = SweepConfig().formats
+    assert "fp8-token/nvfp4" in f and "fp8-tensor" in f and "fp8-page" in f and len(f) >= 7
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"formats": ("fp7",)}, "unknown KV format"),
+    ({"formats": ("nvfp4", "nvfp4")}, "twice"),
+    ({"lengths": (100,)}, "at least 256"),
+    ({"samples": 0}, "samples"),
+    ({"questions": 1, "prefix_cold": 2}, "prefix_cold"),
+    ({"tolerance": -1}, "tolerance"),
+    ({"chunk_size": 100}, "multiple"),
+])
+def test_bad_settings_are_refused(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        SweepConfig(**kwargs)
+
+
+def test_lengths_fit_the_context():
+    c = SweepConfig(lengths=(1024, 4096, 8192)).fit_lengths(8192)
+    assert c.lengths[:2] == (1024, 4096) and 8000 <= c.lengths[2] < 8192
+    assert SweepConfig(lengths=(1024, 4096, 8192)).fit_lengths(2048).lengths == (1024, 2048 - 96)
+    with pytest.raises(ConfigError):
+        SweepConfig().fit_lengths(300)
+
+
+def test_fingerprint_follows_task_settings_only():
+    base = SweepConfig()
+    assert base.fingerprint() == dataclasses.replace(base, tolerance=5.0, formats=("nvfp4",)).fingerprint()
+    assert base.fingerprint() != dataclasses.replace(base, seed=1).fingerprint()
+    assert base.fingerprint() != dataclasses.replace(base, questions=2, prefix_cold=1).fingerprint()

@@ -64,6 +64,9 @@ class DecodeWorker:
         self._reserved: dict[str, tuple] = {}      # rid -> (manifest, pages, tail slot, params)
         self._lock = threading.Lock()              # pool, tails, runner and the request maps
         self._changed = threading.Condition(self._lock)
+        # Token output has its own condition: pollers must not queue for the lock the decode loop
+        # holds through every step (they starved behind it on the GPU, where steps follow back to back).
+        self._output = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name=f"{cfg.name}-decode", daemon=True)
         self._thread.start()
@@ -111,7 +114,7 @@ class DecodeWorker:
             res = self._reserved.pop(rid, None)
             if res is not None:
                 self.engine.runner.release(SequenceKV(pages=res[1], tail_slot=res[2]))
-                self._changed.notify_all()
+                self._notify()
         return res is not None
 
     def activate(self, rid: str) -> None:
@@ -132,7 +135,7 @@ class DecodeWorker:
                 self._finish(req, reason)
             else:
                 self._running[m.request_id] = req
-            self._changed.notify_all()
+            self._notify()
 
     def _pull(self, m, pages: list[int]) -> TransferStats | None:
         """READ the manifest's pages into ``pages``; the transport's notice frees them at the sender."""
@@ -197,6 +200,12 @@ class DecodeWorker:
             pass
         return out
 
+    def _notify(self) -> None:
+        """State changed (caller holds the lock): wake admissions and the loop, and token pollers."""
+        self._changed.notify_all()
+        with self._output:
+            self._output.notify_all()
+
     def poll_streams(self, rids: list[str], timeout_s: float = 1.0) -> dict[str, TokenBatch]:
         """Output of many requests in one call (the router polls each decode worker once per round).
 
@@ -204,29 +213,51 @@ class DecodeWorker:
         finished with "error: unknown request" so a poller never waits on them forever.
         """
         deadline = time.monotonic() + timeout_s
-        with self._lock:
+        with self._output:
             while True:
                 reqs = {rid: self._running.get(rid) or self._finished.get(rid) for rid in rids}
-                if any(r is None or not r.out.empty() for r in reqs.values()) or self._stop:
+                if any(r is not None and not r.out.empty() for r in reqs.values()) or self._stop:
                     break
+                if any(r is None for r in reqs.values()):
+                    break      # maybe between the running and finished maps: looked up under the lock below
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return {}
-                self._changed.wait(left)
+                self._output.wait(left)
+        missing = [rid for rid, r in reqs.items() if r is None]
+        if missing:
+            with self._lock:
+                for rid in missing:
+                    reqs[rid] = self._running.get(rid) or self._finished.get(rid)
         out: dict[str, TokenBatch] = {}
         for rid, req in reqs.items():
             if req is None:
                 out[rid] = TokenBatch([], finished=f"error: unknown request {rid!r} on {self.cfg.name}")
             elif not req.out.empty():
-                out[rid] = self.next_tokens(rid, 0.0)
+                out[rid] = self._drain(req)
         return out
+
+    def _drain(self, req: _Request) -> TokenBatch:
+        """Everything in a request's output queue now, without waiting."""
+        out = TokenBatch([])
+        while True:
+            try:
+                item = req.out.get_nowait()
+            except queue.Empty:
+                return out
+            if isinstance(item, str):
+                out.finished = item
+                with self._lock:
+                    self._finished.pop(req.rid, None)
+                return out
+            out.tokens.append(item)
 
     def abort(self, rid: str) -> bool:
         with self._lock:
             req = self._running.pop(rid, None)
             if req is not None:
                 self._finish(req, "aborted")
-                self._changed.notify_all()
+                self._notify()
         return req is not None
 
     def counters(self) -> dict:
@@ -245,7 +276,7 @@ class DecodeWorker:
             for _m, pages, slot, _p in self._reserved.values():
                 self.engine.runner.release(SequenceKV(pages=pages, tail_slot=slot))
             self._reserved.clear()
-            self._changed.notify_all()
+            self._notify()
         self._thread.join(timeout=10)
         self.transport.close()
 
@@ -272,7 +303,7 @@ class DecodeWorker:
                     for r in batch:
                         self._running.pop(r.rid, None)
                         self._finish(r, f"error: {type(exc).__name__}: {exc}")
-                    self._changed.notify_all()
+                    self._notify()
                     continue
                 for r, row in zip(batch, logits):
                     token = r.sampler(row)
@@ -283,4 +314,5 @@ class DecodeWorker:
                     if reason:
                         self._running.pop(r.rid, None)
                         self._finish(r, reason)
-                self._changed.notify_all()
+                self._notify()
+            time.sleep(0)   # let admissions and aborts take the lock between steps

@@ -64,10 +64,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     b.add_argument("--ray-address", default="auto", help="Ray cluster for --backend ray (default auto)")
     b.add_argument("--transport", choices=["nixl", "inprocess"], default="nixl",
                    help="page transport of the pools --backend ray starts (default nixl)")
+    b.add_argument("--prefill-resource", metavar="NAME",
+                   help="--backend ray: custom Ray resource each prefill worker takes (e.g. kvwire_prefill)")
+    b.add_argument("--decode-resource", metavar="NAME",
+                   help="--backend ray: custom Ray resource each decode worker takes (e.g. kvwire_decode)")
     b.add_argument("--model", default="smollm2", help="model source (default smollm2)")
     b.add_argument("--device", default="auto", help="in-process device: auto, cpu, cuda")
     b.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default: torch's choice; 1 is faster on a busy shared machine)")
+                   help="torch CPU threads per process (default: torch's choice; 1 is much faster on a busy "
+                        "shared machine)")
+    b.add_argument("--jobs", type=int, default=1,
+                   help="in-process worker processes, formats dealt out between them (default 1); "
+                        "with --threads 1 this is how to use several CPU cores")
     o = p.add_argument_group("output")
     o.add_argument("--out", default="runs/validate", help="output directory (default runs/validate)")
     o.add_argument("--fresh", action="store_true", help="discard finished cells in --out and start over")

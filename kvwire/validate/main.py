@@ -75,7 +75,8 @@ def _backend(args: argparse.Namespace, config: SweepConfig, model, tokenizer, mo
         return PageFormat(KVFormat.parse(fmt), config.page_size, c.num_layers, c.num_kv_heads, c.head_dim).bytes_per_token
 
     template = PoolTemplate(model=args.model, page_size=config.page_size, chunk_size=config.chunk_size,
-                            transport=args.transport, device=args.device)
+                            transport=args.transport, device=args.device,
+                            prefill_resource=args.prefill_resource, decode_resource=args.decode_resource)
     return RayRouterBackend(args.ray_address, template, bpt)
 
 
@@ -98,22 +99,35 @@ def run_validate(args: argparse.Namespace) -> int:
         if args.threads < 1:
             raise ConfigError("--threads must be at least 1")
         torch.set_num_threads(args.threads)
-    model = None
-    if args.backend == "inprocess":
-        model, tokenizer = load_model(args.model, device=resolve_device(args.device))
+    if args.jobs < 1:
+        raise ConfigError("--jobs must be at least 1")
+    if args.jobs > 1 and args.backend != "inprocess":
+        raise ConfigError("--jobs splits in-process sweeps; a router backend spreads work over its pools")
+    model = backend = None
+    if args.jobs > 1:
+        description = f"in-process engine ({resolve_device(args.device)}), {args.jobs} worker processes"
     else:
-        tokenizer = load_tokenizer(args.model)
-    if tokenizer is None:
-        raise ConfigError(f"model {args.model} has no tokenizer; validation needs text")
-    backend = _backend(args, config, model, tokenizer, model_config)
-    meta = {"model": model_config.name, "max_context": model_config.max_context, "backend": backend.description,
+        if args.backend == "inprocess":
+            model, tokenizer = load_model(args.model, device=resolve_device(args.device))
+        else:
+            tokenizer = load_tokenizer(args.model)
+        if tokenizer is None:
+            raise ConfigError(f"model {args.model} has no tokenizer; validation needs text")
+        backend = _backend(args, config, model, tokenizer, model_config)
+        description = backend.description
+    meta = {"model": model_config.name, "max_context": model_config.max_context, "backend": description,
             "machine": machine(), "command": shlex.join([os.path.basename(sys.argv[0]) or "kvwire"] + sys.argv[1:]),
             "started": datetime.datetime.now().isoformat(timespec="seconds")}
     store = ResultStore.open(out / "results.json", config, meta, fresh=args.fresh)
-    try:
-        run_sweep(config, backend, tokenizer, store, progress=not args.no_progress)
-    finally:
-        backend.close()
+    if backend is None:
+        from kvwire.validate.parallel import run_parallel
+        run_parallel(config, store, args.jobs, args.model, args.device, args.threads or 1,
+                     progress=not args.no_progress)
+    else:
+        try:
+            run_sweep(config, backend, tokenizer, store, progress=not args.no_progress)
+        finally:
+            backend.close()
     store.data["meta"]["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
     rec = finish(out, store.data)
     print(headline(rec))

@@ -24,6 +24,8 @@ class PoolTemplate:
     transport: str = "nixl"
     device: str = "auto"
     num_pages: int | None = None
+    prefill_resource: str | None = None   # custom Ray resources pinning the roles to node groups
+    decode_resource: str | None = None    # (the KubeRay RayJob's prefill / decode worker groups)
 
 
 class RayRouterBackend:
@@ -46,7 +48,8 @@ class RayRouterBackend:
         t = self.template
         name = "validate-" + fmt.replace("/", "-")
         pool = PoolConfig(name, model=t.model, kv_format=fmt, page_size=t.page_size, chunk_size=t.chunk_size,
-                          transport=t.transport, device=t.device, num_pages=t.num_pages)
+                          transport=t.transport, device=t.device, num_pages=t.num_pages,
+                          prefill_resource=t.prefill_resource, decode_resource=t.decode_resource)
         config = ServeConfig(router=RouterConfig(port=0, metrics_port=0, default_pool=name), pools=(pool,))
         self._running = start_router(config, ray_address=self.ray_address)
         self._inner = RouterBackend(self._running.target)

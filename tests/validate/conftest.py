@@ -83,3 +83,24 @@ def iter_common(a, b):
 @pytest.fixture()
 def oracle(tokenizer):
     return lambda wrong=None: OracleBackend(tokenizer, wrong)
+
+
+# The small real-model sweep several modules compare against (two formats, two short lengths).
+TINY_SWEEP = ["--formats", "nvfp4", "--lengths", "256,384", "--questions", "1", "--prefix-cold", "1",
+              "--probe-positions", "8", "--no-progress", "--threads", "1"]
+
+
+@pytest.fixture(scope="session")
+def tiny_sweep(tmp_path_factory):
+    """Output directory of TINY_SWEEP run in this process (torch threads restored after)."""
+    import torch
+
+    from kvwire.validate.cli import main
+
+    out = tmp_path_factory.mktemp("tiny-sweep")
+    before = torch.get_num_threads()
+    try:
+        assert main(TINY_SWEEP + ["--out", str(out)]) == 0
+    finally:
+        torch.set_num_threads(before)
+    return out

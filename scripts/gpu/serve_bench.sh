@@ -19,5 +19,5 @@ bench() {  # shape formats requests num_pages
         --concurrency 16 --requests "$3" --prompt-tokens 2048 --output-tokens 64 --num-pages "$4" \
         --out "$OUT/serve-$1.json" 2>&1 | tail -40 | tee "$OUT/serve-$1.log"
 }
-bench smollm2-135m bf16,fp8-token,nvfp4,fp8-token/nvfp4 64 8192
+bench smollm2-135m bf16,nvfp4,fp8-token/nvfp4 64 8192
 bench llama-3-8b bf16,nvfp4 32 4096

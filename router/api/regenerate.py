@@ -5,6 +5,7 @@ module imports ``router.api.router_pb2`` (not a top-level ``router_pb2``).
 """
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,13 +16,14 @@ GENERATED = ("router_pb2.py", "router_pb2.pyi", "router_pb2_grpc.py")
 
 def generate(out_root: Path) -> list[Path]:
     """Write the generated files under ``out_root/router/api/``; returns their paths."""
-    from grpc_tools import protoc
-
     (out_root / "router" / "api").mkdir(parents=True, exist_ok=True)
-    args = ["protoc", f"--proto_path=router/api={PROTO.parent}", f"--python_out={out_root}",
-            f"--grpc_python_out={out_root}", f"--pyi_out={out_root}", str(PROTO)]
-    if protoc.main(args) != 0:
-        raise RuntimeError(f"protoc failed on {PROTO}")
+    # protoc runs in its own process: grpc_tools' bundled protobuf in a process that has already
+    # loaded the protobuf runtime (and grpc's reflection/health modules) crashed with SIGSEGV.
+    args = [sys.executable, "-m", "grpc_tools.protoc", f"--proto_path=router/api={PROTO.parent}",
+            f"--python_out={out_root}", f"--grpc_python_out={out_root}", f"--pyi_out={out_root}", str(PROTO)]
+    done = subprocess.run(args, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"protoc failed on {PROTO}: {done.stderr.strip()}")
     return [out_root / "router" / "api" / name for name in GENERATED]
 
 

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing as mp
+import os
 import queue
 import sys
+import threading
+import time
 import traceback
 
 from kvwire.validate.config import SweepConfig
@@ -36,8 +39,19 @@ class _QueueStore:
         self.out.put(("format", fmt, bytes_per_token, bf16_bytes_per_token))
 
 
+def _exit_with_parent(parent: int) -> None:
+    """A killed parent (SIGTERM, OOM) cannot stop its workers itself; they notice and exit."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(2)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+
+
 def _worker(config: SweepConfig, model_source: str, device: str, threads: int, formats: list[str],
-            done: set[tuple[str, int]], out) -> None:
+            done: set[tuple[str, int]], out, parent: int) -> None:
+    _exit_with_parent(parent)
     try:
         import torch
 
@@ -72,7 +86,8 @@ def run_parallel(config: SweepConfig, store: ResultStore, jobs: int, model_sourc
     hands = deal(todo, jobs)
     ctx = mp.get_context("spawn")        # no fork after torch has started threads
     out = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(config, model_source, device, threads, hand, done, out), daemon=True)
+    procs = [ctx.Process(target=_worker, args=(config, model_source, device, threads, hand, done, out, os.getpid()),
+                         daemon=True)
              for hand in hands]
     bar = tqdm(total=len(cells), initial=len(done), unit="cell", disable=not progress, file=sys.stderr,
                dynamic_ncols=True, desc=f"{len(procs)} workers")

@@ -3,7 +3,7 @@
 No downloads: every prompt is built from word lists and a seed, so a sweep repeats exactly.
 
 The haystack is many short documents, each stating one fact, ``The secret code of Alice Smith is
-48213 (from Document 512).``, between plain filler sentences. Each asked-for key has a
+48213 (from Document 512).``, followed by a few plain filler sentences. Each asked-for key has a
 near-duplicate distractor elsewhere (same first name or same last name, other code, other
 document): a key-quantisation error that blurs "Alice Smith" into "Alice Jones" picks the wrong
 span, which is exactly the failure a compressed cache can cause while perplexity looks fine.
@@ -36,6 +36,9 @@ FILLER = (
 # Every question ends with the space before the answer: SmolLM2 writes " 48213" as a space token
 # and one token per digit, so the space in the prompt saves a decode step per answer.
 ANSWER_LEAD = " "
+# Plain sentences after each record: a document is a short paragraph, not a bare list. Denser
+# haystacks (one sentence per record) left bf16 SmolLM2 at 0/3 on retrieval from 2k tokens on.
+FILLER_PER_DOC = 4
 INTRO = "Below are records of secret codes. Each record names the document it comes from.\n\n"
 
 
@@ -91,7 +94,7 @@ def make_haystack(tokenizer, target_tokens: int, questions: int, seed: str) -> H
     if questions < 1:
         raise ValueError("a haystack needs at least one question")
     sample = Fact("Alice Smith", "48213", "512")
-    per_record = sum(len(tokenizer.encode(f"{record(sample)} {f}\n")) for f in FILLER) / len(FILLER)
+    per_record = len(tokenizer.encode(f"{record(sample)} {' '.join(FILLER[:FILLER_PER_DOC])}\n"))
     room = len(tokenizer.encode("Archive 12345678. " + INTRO)) + len(tokenizer.encode(citation_question(sample).suffix))
     n = int((target_tokens - room) / per_record)
     while True:
@@ -131,7 +134,7 @@ def _build(n: int, questions: int, seed: str) -> Haystack:
     codes = rng.sample(range(10000, 100000), n)
     ids = rng.sample(range(100, 1000), n)
     facts = [Fact(f"{a} {b}", str(c), str(i)) for (a, b), c, i in zip(slots, codes, ids)]
-    body = "".join(f"{record(f)} {rng.choice(FILLER)}\n" for f in facts)
+    body = "".join(f"{record(f)} {' '.join(rng.sample(FILLER, FILLER_PER_DOC))}\n" for f in facts)
     asked = [facts[s] for s in target_slots]
     qs = tuple([retrieval_question(f) for f in asked] + [citation_question(f) for f in asked])
     # A seeded first line: no two haystacks share a first page, so a first ask is really cold.

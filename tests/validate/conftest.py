@@ -86,7 +86,7 @@ def oracle(tokenizer):
 
 
 # The small real-model sweep several modules compare against (two formats, two short lengths).
-TINY_SWEEP = ["--formats", "nvfp4", "--lengths", "256,384", "--questions", "1", "--prefix-cold", "1",
+TINY_SWEEP = ["--formats", "nvfp4", "--lengths", "320,384", "--questions", "1", "--prefix-cold", "1",
               "--probe-positions", "8", "--no-progress", "--threads", "1"]
 
 

@@ -57,7 +57,7 @@ def test_fidelity_probe(backend, smollm2):
 
 def test_probe_refuses_a_warm_request(backend, smollm2):
     tok = smollm2[1]
-    hay = make_haystack(tok, 300, 1, "w")
+    hay = make_haystack(tok, 384, 1, "w")
     ids = tok.encode(hay.context + hay.questions[0].suffix)
     pos = probe_positions(len(tok.encode(hay.context)), 4, 16)
     backend.open_format("bf16")
@@ -72,7 +72,7 @@ def test_probe_refuses_a_warm_request(backend, smollm2):
 def test_cli_sweep_outputs_and_resume(tiny_sweep, capsys):
     out = tiny_sweep
     data = json.loads((out / "results.json").read_text())
-    assert set(data["cells"]) == {"bf16@256", "bf16@384", "nvfp4@256", "nvfp4@384"}
+    assert set(data["cells"]) == {"bf16@320", "bf16@384", "nvfp4@320", "nvfp4@384"}
     for key, cell in data["cells"].items():
         assert cell["counts"]["passkey"][1] == 3 and cell["counts"]["retrieval"][1] == 1
         assert cell["counts"]["prefix"] == [1, 1], f"{key}: warm answer differs from cold"

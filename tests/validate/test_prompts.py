@@ -7,7 +7,7 @@ from kvwire.validate.config import Task
 from kvwire.validate.prompts import first_number, is_correct, make_haystack, make_passkey
 
 
-@pytest.mark.parametrize("target", [384, 1024, 4096])
+@pytest.mark.parametrize("target", [768, 1024, 4096])
 def test_haystack_fits_and_fills_its_length(tokenizer, target):
     hay = make_haystack(tokenizer, target, 3, "0:x:0")
     lengths = [len(tokenizer.encode(hay.context + q.suffix)) for q in hay.questions]

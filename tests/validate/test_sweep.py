@@ -9,7 +9,7 @@ from kvwire.validate.main import finish
 from kvwire.validate.results import ResultStore
 from kvwire.validate.sweep import run_sweep
 
-CONFIG = SweepConfig(formats=("bf16", "nvfp4", "fp8-token"), lengths=(384, 768), questions=2, prefix_cold=2)
+CONFIG = SweepConfig(formats=("bf16", "nvfp4", "fp8-token"), lengths=(512, 768), questions=2, prefix_cold=2)
 
 
 def sweep(tmp_path, backend, config=CONFIG, fresh=False):
@@ -26,7 +26,7 @@ def test_cells_count_every_task(tmp_path, oracle):
     assert set(data["cells"]) == {f"{f}@{n}" for f in CONFIG.formats for n in CONFIG.lengths}
     bf = data["cells"]["bf16@768"]
     assert bf["counts"] == {"passkey": [3, 3], "retrieval": [2, 2], "citation": [2, 2], "prefix": [2, 2]}
-    assert data["cells"]["nvfp4@384"]["accuracy"]["retrieval"] == 1.0
+    assert data["cells"]["nvfp4@512"]["accuracy"]["retrieval"] == 1.0
     assert data["cells"]["nvfp4@768"]["accuracy"]["retrieval"] == 0.0
     assert data["cells"]["nvfp4@768"]["accuracy"]["citation"] == 1.0
     # Warm questions found the context's pages; the first ask of each haystack was cold.

@@ -13,7 +13,6 @@ own page's keys up to p in bf16.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -101,20 +100,24 @@ class Recorder:
             if len(pages) < need:
                 raise RuntimeError(f"only {len(pages)} of the prompt's {need} pages are still cached; "
                                    "give the engine more pages")
+            pos = torch.tensor(self.positions)
+            own = pos // p * p                                            # first token of each query's page
+            t = torch.arange(int(pos.max()) + 1)
+            from_pool = t[None, :] < own[:, None]                         # [P, T]: stored keys
+            visible = t[None, :] <= pos[:, None]
             tops = []
             for layer in range(fmt.num_layers):
-                stored = kv.read_pages(layer, 0, pages)                   # [need * P, Hkv, D]
-                fresh = self.keys_bf16(layer)
-                rows = []
-                for pos in self.positions:
-                    own = pos // p * p
-                    keys = torch.cat((stored[:own], fresh[own:pos + 1]))  # what the query saw
-                    q = self.q[layer][pos]                                # [Hq, D]
-                    group = q.shape[0] // keys.shape[1]
-                    kh = keys.repeat_interleave(group, dim=1)              # [T, Hq, D]
-                    scores = torch.einsum("hd,thd->ht", q, kh) / math.sqrt(q.shape[-1])
-                    rows.append(scores.argmax(dim=-1))
-                tops.append(torch.stack(rows))
+                stored = kv.read_pages(layer, 0, pages).cpu()             # [need * P, Hkv, D]
+                fresh = self.keys_bf16(layer)[:len(t)].cpu()
+                stored = torch.cat((stored, fresh[len(stored):]))         # past the pool: unused rows
+                q = torch.stack([self.q[layer][x] for x in self.positions]).cpu()   # [P, Hq, D]
+                hkv = stored.shape[1]
+                qg = q.view(len(pos), hkv, q.shape[1] // hkv, q.shape[2])
+                s_pool = torch.einsum("phgd,thd->phgt", qg, stored[:len(t)])
+                s_fresh = torch.einsum("phgd,thd->phgt", qg, fresh)
+                scores = torch.where(from_pool[:, None, None, :], s_pool, s_fresh)
+                scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
+                tops.append(scores.argmax(dim=-1).reshape(len(pos), -1))  # [P, Hq]
             return torch.stack(tops)
         finally:
             kv.pool.release(pages)

@@ -51,6 +51,17 @@ def _fidelity(cell: dict) -> str:
             f"(L{worst} {100 * f['attn_top1_per_layer'][worst]:.0f}%)")
 
 
+def _wall(meta: dict) -> str:
+    import datetime
+
+    try:
+        start = datetime.datetime.fromisoformat(meta["started"])
+        end = datetime.datetime.fromisoformat(meta["finished"])
+    except (KeyError, ValueError):
+        return "?"
+    return f"{(end - start).total_seconds() / 60:.1f} min"
+
+
 def render(data: dict, rec: dict, images: dict[str, str | None]) -> str:
     meta, settings = data.get("meta", {}), data["settings"]
     seconds = sum(c.get("seconds", 0) for c in data["cells"].values())
@@ -59,8 +70,8 @@ def render(data: dict, rec: dict, images: dict[str, str | None]) -> str:
         f"- model: {meta.get('model', '?')} (context {meta.get('max_context', '?')})",
         f"- backend: {meta.get('backend', '?')}; machine: {meta.get('machine', '?')}",
         f"- command: `{meta.get('command', '?')}`",
-        f"- finished: {meta.get('finished', '?')}; cell time summed: {seconds / 60:.1f} min "
-        f"over {len(data['cells'])} cells",
+        f"- started {meta.get('started', '?')}, finished {meta.get('finished', '?')} (wall {_wall(meta)}); "
+        f"cell time summed over workers: {seconds / 60:.1f} min for {len(data['cells'])} cells",
         f"- per cell: {settings['samples']} sample(s) x (3 passkey depths + one haystack with "
         f"{settings['questions']} retrieval and {settings['questions']} citation questions); "
         f"seed {settings['seed']}; greedy answers", "",

@@ -11,7 +11,7 @@
 # Usage (repo root on the GPU machine): bash scripts/gpu/validate.sh [extra kvwire validate flags]
 #   SAMPLES=3 by default (seeds per cell; cheap on the GPU, and it narrows the accuracy steps).
 set -euo pipefail
-wheel=$(ls .gpuwheels/gguf-*.whl .whl/gguf-*.whl 2>/dev/null | head -1)
+wheel=$(ls .gpuwheels/gguf-*.whl .whl/gguf-*.whl 2>/dev/null | head -1 || true)
 [ -n "$wheel" ] || { echo "no gguf wheel in .gpuwheels/ or .whl/: carry one" >&2; exit 2; }
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$wheel"
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1

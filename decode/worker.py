@@ -305,7 +305,7 @@ class DecodeWorker:
                         self._finish(r, f"error: {type(exc).__name__}: {exc}")
                     self._notify()
                     continue
-                for r, row in zip(batch, logits):
+                for r, row in zip(batch, logits.cpu()):   # one device sync per step, not one per request
                     token = r.sampler(row)
                     r.generated += 1
                     r.last_token = token

@@ -28,6 +28,38 @@ class Segment:
     new_pages: list[int] | None = None
 
 
+@dataclass(frozen=True)
+class _TailAppends:
+    """Segments of one token whose tail page has room (no page completes): where each new
+    token goes in the tail pool. ``rows`` index the forward's rows (= segments, one token each);
+    ``others`` are the segments that take the general path."""
+
+    rows: list[int]
+    others: list[int]
+    index: torch.Tensor       # rows, on the device
+    slots: torch.Tensor       # tail slot of each
+    offsets: torch.Tensor     # position in the tail page of each
+
+    @staticmethod
+    def of(segments: list[Segment], page_size: int, device: torch.device) -> "_TailAppends":
+        rows, others, slots, offsets = [], [], [], []
+        if all(len(s.token_ids) == 1 for s in segments):
+            for i, s in enumerate(segments):
+                if s.new_pages:
+                    others.append(i)
+                    continue
+                rows.append(i)
+                slots.append(s.seq.tail_slot)
+                offsets.append(s.seq.tail_len(page_size))
+        else:
+            others = list(range(len(segments)))
+
+        def as_long(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.long, device=device)
+
+        return _TailAppends(rows, others, as_long(rows), as_long(slots), as_long(offsets))
+
+
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv: KVCache) -> None:
         self.model = model
@@ -68,21 +100,28 @@ class ModelRunner:
             row += len(s.token_ids)
 
         on_gpu = dev.type == "cuda"
+        appends = _TailAppends.of(segments, self.page_size, dev)
         if on_gpu and all(len(s.token_ids) == 1 for s in segments):
             tables = self._decode_tables(segments)
 
             def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-                for i, s in enumerate(segments):
-                    self._store(layer, s, k[i:i + 1], v[i:i + 1])
+                self._store_appends(layer, appends, k, v)
+                for i in appends.others:
+                    self._store(layer, segments[i], k[i:i + 1], v[i:i + 1])
                 from kvwire.kernels.paged_decode import paged_decode_attention
                 return paged_decode_attention(q, kv.pool.storage, kv.format, layer, *tables, kv.static_scales)
         else:
             masks = [None if on_gpu else self._mask(s, pos[r0:r1]) for s, (r0, r1) in zip(segments, bounds)]
+            appended = set(appends.rows)
 
             def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+                self._store_appends(layer, appends, k, v)
                 out = torch.empty_like(q)
-                for s, (r0, r1), mask in zip(segments, bounds, masks):
-                    opened = self._store(layer, s, k[r0:r1], v[r0:r1])
+                for i, (s, (r0, r1), mask) in enumerate(zip(segments, bounds, masks)):
+                    if i in appended:
+                        opened = self._tail(layer, s.seq, s.seq.tail_len(self.page_size) + 1)
+                    else:
+                        opened = self._store(layer, s, k[r0:r1], v[r0:r1])
                     out[r0:r1] = self._attend_chunk(layer, s, q[r0:r1], pos[r0:r1], opened, mask)
                 return out
 
@@ -118,6 +157,21 @@ class ModelRunner:
             kv.write_tail(layer, part, seq.tail_slot, x[n_full:])
             opened.append(x)
         return opened[0], opened[1]
+
+    def _store_appends(self, layer: int, appends: "_TailAppends", k: torch.Tensor, v: torch.Tensor) -> None:
+        """One indexed write per K/V for every one-token segment that completes no page: the
+        common decode step, which per segment would cost a handful of small ops per layer."""
+        if not appends.rows:
+            return
+        data = self.kv.tails.data
+        for part, x in ((0, k), (1, v)):
+            data[appends.slots, layer, part, :, appends.offsets] = x[appends.index].to(torch.bfloat16)
+
+    def _tail(self, layer: int, seq: SequenceKV, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first ``n`` tail tokens of a sequence, K and V ``[n, H, D]`` bf16."""
+        data = self.kv.tails.data
+        return (data[seq.tail_slot, layer, 0, :, :n].transpose(0, 1),
+                data[seq.tail_slot, layer, 1, :, :n].transpose(0, 1))
 
     def _attend_chunk(self, layer: int, s: Segment, q: torch.Tensor, pos: torch.Tensor,
                       opened: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:

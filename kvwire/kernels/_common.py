@@ -271,7 +271,7 @@ def _fp8_to_f16_asm(u8):
 def load_kv_tile(st8, st16, st32, base, row, valid, h, data_off, s_off, bs_off, gs_off,
                  ELEM: tl.constexpr, GRAN: tl.constexpr, P: tl.constexpr, D: tl.constexpr,
                  BLOCK_D: tl.constexpr, BN: tl.constexpr, HW: tl.constexpr, NV_ASM: tl.constexpr,
-                 FP8_ASM: tl.constexpr = False, RAW8: tl.constexpr = False):
+                 FP8_ASM: tl.constexpr = False):
     """One part's tile ``[BN, BLOCK_D]`` for BN tokens, plus a per-token column scale ``[BN]``.
 
     base: int64 [BN] byte offset of each token's page; row: [BN] token index in its page;
@@ -297,9 +297,7 @@ def load_kv_tile(st8, st16, st32, base, row, valid, h, data_off, s_off, bs_off, 
         offs = base + data_off + hp * D
         u8 = tl.load(st8 + (offs[:, None] + d[None, :]), mask=m, other=0)
         if HW:
-            if RAW8:                            # E4M3 as stored, for an fp8 tensor-core dot
-                tile = u8.to(tl.float8e4nv, bitcast=True)
-            elif FP8_ASM:
+            if FP8_ASM:
                 tile = _fp8_to_f16_asm(u8)
             else:
                 tile = u8.to(tl.float8e4nv, bitcast=True).to(tl.float16)

@@ -53,12 +53,11 @@ def _decode_split_kernel(
     part_acc_ptr, part_m_ptr, part_l_ptr,
     page_bytes, layer, num_splits, qk_scale,
     k_data, k_s, k_bs, k_gs, v_data, v_s, v_bs, v_gs,
-    q8_ptr, q8_inv_ptr, q8_half,
     H: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr, P: tl.constexpr, D: tl.constexpr,
     BLOCK_D: tl.constexpr, BN: tl.constexpr,
     K_ELEM: tl.constexpr, K_GRAN: tl.constexpr, V_ELEM: tl.constexpr, V_GRAN: tl.constexpr,
     HW: tl.constexpr, NV_ASM: tl.constexpr, K_FP8_ASM: tl.constexpr, V_FP8_ASM: tl.constexpr,
-    PREC: tl.constexpr = "tf32", K_MMA8: tl.constexpr = False,
+    PREC: tl.constexpr = "tf32",
 ):
     pid_s = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -86,15 +85,6 @@ def _decode_split_kernel(
             qa = qa.to(tl.float16)
             qb = qb.to(tl.float16)
         qk = qa
-    elif K_MMA8:
-        # q as two E4M3 terms (q8_ptr [2, B*Hq, D]: hi, then the residual x 16), keys as stored:
-        # Q.K on fp8 tensor cores with no per-element key conversion. q8_inv: [B*Hq] 1/row scale.
-        qi = (b * H * G + h * G + g).to(tl.int64)
-        q8 = q8_ptr + qi[:, None] * D + d[None, :]
-        q_hi = tl.load(q8, mask=qmask, other=0).to(tl.float8e4nv, bitcast=True)
-        q_lo = tl.load(q8 + q8_half, mask=qmask, other=0).to(tl.float8e4nv, bitcast=True)
-        q_inv = tl.load(q8_inv_ptr + qi, mask=g < G, other=0.0)
-        qk = q_hi
     else:
         q = tl.load(qrow + d[None, :].to(tl.int64) * sq_d, mask=qmask, other=0.0).to(tl.float32)
         if HW:
@@ -122,12 +112,6 @@ def _decode_split_kernel(
             ka, kb, kcs = load_nvfp4_ab(st8, st32, base, row, valid, h, k_data, k_bs, k_gs, P, D, BLOCK_D, BN, HW)
             s = tl.dot(qa, tl.trans(ka), input_precision=PREC)
             s = tl.dot(qb, tl.trans(kb), s, input_precision=PREC)
-        elif K_MMA8:
-            k, kcs = load_kv_tile(st8, st16k, st32, base, row, valid, h, k_data, k_s, k_bs, k_gs,
-                                  K_ELEM, K_GRAN, P, D, BLOCK_D, BN, HW, NV_ASM, K_FP8_ASM, True)
-            kt = tl.trans(k)
-            s = tl.dot(q_hi, kt) + tl.dot(q_lo, kt) * 0.0625
-            s = s * q_inv[:, None]
         else:
             k, kcs = load_kv_tile(st8, st16k, st32, base, row, valid, h, k_data, k_s, k_bs, k_gs,
                                   K_ELEM, K_GRAN, P, D, BLOCK_D, BN, HW, NV_ASM, K_FP8_ASM)
@@ -277,8 +261,7 @@ def paged_decode_attention(q: torch.Tensor, storage: torch.Tensor, page_format: 
                            *, num_splits: int | None = None, block_n: int | None = None,
                            num_warps: int | None = None, num_stages: int | None = None,
                            nvfp4_asm: bool = True, k_fp8_asm: bool = False, v_fp8_asm: bool = True,
-                           packed: bool = False, k_fp8_mma: bool = False,
-                           _hw: bool | None = None) -> torch.Tensor:
+                           packed: bool = False, _hw: bool | None = None) -> torch.Tensor:
     """Decode attention of ``q`` [B, Hq, D] over each sequence's pages plus its bf16 tail.
 
     page_table: int32 [B, max_pages] (row b's first ``num_pages[b]`` entries are used);
@@ -286,8 +269,7 @@ def paged_decode_attention(q: torch.Tensor, storage: torch.Tensor, page_format: 
     (tail_len in 1..P); static_scales: fp32 [layers, 2, H] for fp8 tensor/head formats.
     Returns ``out`` (or a new tensor) [B, Hq, D] in q's dtype. Keyword-only arguments tune the
     launch (defaults from ``default_config``). CPU tensors without TRITON_INTERPRET=1 take the
-    torch reference path. ``k_fp8_mma`` (GPU, FP8 keys; experimental, see docs/benchmarks.md):
-    Q.K on fp8 tensor cores against the keys as stored, q split into two E4M3 terms.
+    torch reference path.
     """
     f = page_format
     check_storage(storage, f)
@@ -328,13 +310,6 @@ def paged_decode_attention(q: torch.Tensor, storage: torch.Tensor, page_format: 
     part_l = torch.empty_like(part_m)
     qk_scale = LOG2E / math.sqrt(d)
     hp = heads_per_program(h, g) if packed else 1
-    if k_fp8_mma:
-        if not hw or kf.element is not ElementType.FP8 or packed:
-            raise ValueError("k_fp8_mma needs the GPU, FP8 keys and packed=False")
-        q8, q8_inv = split_query_e4m3(q)
-    else:
-        q8, q8_inv = q, q                       # unused by the kernel
-    q8_half = q8[0].numel() if k_fp8_mma else 0
     if hp > 1:
         _decode_split_packed_kernel[(splits, bsz * (h // hp))](
             q, *q.stride(), storage, st16, st16, st32, page_table, page_table.stride(0), num_pages, static,
@@ -347,11 +322,11 @@ def paged_decode_attention(q: torch.Tensor, storage: torch.Tensor, page_format: 
     else:
         _decode_split_kernel[(splits, bsz * h)](
             q, *q.stride(), storage, st16, st16, st32, page_table, page_table.stride(0), num_pages, static,
-            part_acc, part_m, part_l, f.page_bytes, layer, splits, qk_scale, *kd, *vd, q8, q8_inv, q8_half,
+            part_acc, part_m, part_l, f.page_bytes, layer, splits, qk_scale, *kd, *vd,
             H=h, G=g, BLOCK_G=block_g, P=f.page_size, D=d, BLOCK_D=block_d, BN=bn,
             K_ELEM=elem_code(kf), K_GRAN=gran_code(kf), V_ELEM=elem_code(vf), V_GRAN=gran_code(vf),
             HW=hw, PREC="tf32" if hw else "ieee", NV_ASM=nvfp4_asm, K_FP8_ASM=k_fp8_asm, V_FP8_ASM=v_fp8_asm,
-            K_MMA8=k_fp8_mma, num_warps=nw, num_stages=ns,
+            num_warps=nw, num_stages=ns,
         )
     tail16 = tail.view(torch.int16)
     _decode_reduce_kernel[(bsz * hq,)](
@@ -361,18 +336,6 @@ def paged_decode_attention(q: torch.Tensor, storage: torch.Tensor, page_format: 
         SB=min(64, pow2(splits)), num_warps=4,
     )
     return out
-
-
-def split_query_e4m3(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [B, Hq, D] as two E4M3 terms for fp8 tensor-core Q.K: per row, s = 448 / max|q|,
-    hi = e4m3(q s), lo = e4m3((q s - hi) * 16); q = (hi + lo / 16) / s to about 2^-8 relative
-    (bf16 keeps 2^-9). Returns (uint8 [2, B*Hq, D], fp32 [B*Hq] = 1 / s)."""
-    x = q.reshape(-1, q.shape[-1]).float()
-    amax = x.abs().amax(dim=1).clamp_min(1e-30)
-    scaled = x * (448.0 / amax)[:, None]
-    hi = scaled.to(torch.float8_e4m3fn)
-    lo = ((scaled - hi.float()) * 16.0).to(torch.float8_e4m3fn)
-    return torch.stack((hi, lo)).view(torch.uint8).contiguous(), (amax / 448.0).contiguous()
 
 
 # ---- torch reference -----------------------------------------------------------------------------

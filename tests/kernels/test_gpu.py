@@ -128,14 +128,6 @@ def test_decode_variants(launch):
                   **launch)
 
 
-@pytest.mark.parametrize("name,gqa,head_dim", [("fp8-tensor", 4, 128), ("fp8-token", 4, 128), ("fp8-page", 3, 64),
-                                               ("fp8-head/nvfp4", 8, 128), ("fp8-token/nvfp4", 1, 64)])
-def test_decode_keys_on_fp8_tensor_cores(name, gqa, head_dim):
-    """k_fp8_mma: q as two E4M3 terms against the keys as stored; as accurate as the fp16 path."""
-    _check_decode(_decode_problem(name, gqa=gqa, head_dim=head_dim), 1e-2, k_fp8_mma=True)
-    _check_decode(_decode_problem(name, gqa=gqa, head_dim=head_dim, q_dtype=torch.float32), 4e-3, k_fp8_mma=True)
-
-
 @pytest.mark.parametrize("name", ["bf16", "fp8-tensor", "fp8-token", "nvfp4"])
 def test_decode_packed_kernel(name):
     _check_decode(_decode_problem(name), 1e-2, packed=True)

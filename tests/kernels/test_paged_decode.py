@@ -80,22 +80,3 @@ def test_page_ids_past_65536_and_offsets_past_2_31():
     args = (torch.randn((2, 8, 64), generator=gen), storage, f, 1, pt, torch.tensor([3, 3], dtype=torch.int32),
             tail, torch.tensor([1, 0], dtype=torch.int32), torch.tensor([16, 2], dtype=torch.int32), static)
     check(args, 1e-4)
-
-
-def test_split_query_e4m3_reconstructs_q():
-    """The two E4M3 terms of k_fp8_mma give q back to ~2^-8 of each row's largest element."""
-    from kvwire.kernels.paged_decode import split_query_e4m3
-    q = torch.randn((3, 12, 64), generator=torch.Generator().manual_seed(5)) * torch.tensor([1e-3, 1.0, 300.0])[:, None, None]
-    q8, inv = split_query_e4m3(q)
-    hi, lo = q8.view(torch.float8_e4m3fn).float()
-    back = ((hi + lo / 16) * inv[:, None]).reshape(q.shape)
-    rows = q.reshape(-1, 64)
-    err = ((back.reshape(-1, 64) - rows).abs().amax(1) / rows.abs().amax(1)).max()
-    assert err < 2 ** -8, err
-    one_term = ((hi * inv[:, None]).reshape(-1, 64) - rows).abs().amax(1) / rows.abs().amax(1)
-    assert one_term.max() > 4 * err                    # the residual term is what buys the precision
-
-
-def test_keys_on_fp8_tensor_cores_need_the_gpu():
-    with pytest.raises(ValueError, match="k_fp8_mma needs the GPU"):
-        paged_decode_attention(*build("fp8-token"), k_fp8_mma=True)

@@ -23,6 +23,8 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 def run(model, fmt: str, prompts: list[list[int]], steps: list[list[int]], together: bool):
     engine = Engine(model, EngineConfig(kv_format=fmt, page_size=8, chunk_size=16),
                     calibration_ids=list(range(1, 60)))
+    engine.kv.pool.storage.random_(0, 256)             # poison: an unwritten page cannot pass
+    engine.kv.tails.data.normal_().mul_(1e3)
     seqs = [SequenceKV() for _ in prompts]
     for seq, ids in zip(seqs, prompts):
         engine.prefill(seq, ids)

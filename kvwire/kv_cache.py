@@ -103,9 +103,9 @@ class KVCache:
         x = dequantize_pages(sections, fmt, self._static(layer, part))
         return x.reshape(-1, f.num_kv_heads, f.head_dim)
 
-    def read_tail(self, layer: int, part: int, seq: SequenceKV) -> torch.Tensor:
-        """The tail's stored tokens, ``[tail_len, H, D]`` bf16."""
-        n = seq.tail_len(self.format.page_size)
+    def read_tail(self, layer: int, part: int, seq: SequenceKV, n: int | None = None) -> torch.Tensor:
+        """The tail's first ``n`` tokens (default: those stored), ``[n, H, D]`` bf16."""
+        n = seq.tail_len(self.format.page_size) if n is None else n
         return self.tails.data[seq.tail_slot, layer, part, :, :n].transpose(0, 1)
 
     def write_tail(self, layer: int, part: int, seq_slot: int, x: torch.Tensor) -> None:

@@ -119,7 +119,8 @@ class ModelRunner:
                 out = torch.empty_like(q)
                 for i, (s, (r0, r1), mask) in enumerate(zip(segments, bounds, masks)):
                     if i in appended:
-                        opened = self._tail(layer, s.seq, s.seq.tail_len(self.page_size) + 1)
+                        n = s.seq.tail_len(self.page_size) + 1        # stored tokens + the one just appended
+                        opened = (kv.read_tail(layer, 0, s.seq, n), kv.read_tail(layer, 1, s.seq, n))
                     else:
                         opened = self._store(layer, s, k[r0:r1], v[r0:r1])
                     out[r0:r1] = self._attend_chunk(layer, s, q[r0:r1], pos[r0:r1], opened, mask)
@@ -166,12 +167,6 @@ class ModelRunner:
         data = self.kv.tails.data
         for part, x in ((0, k), (1, v)):
             data[appends.slots, layer, part, :, appends.offsets] = x[appends.index].to(torch.bfloat16)
-
-    def _tail(self, layer: int, seq: SequenceKV, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The first ``n`` tail tokens of a sequence, K and V ``[n, H, D]`` bf16."""
-        data = self.kv.tails.data
-        return (data[seq.tail_slot, layer, 0, :, :n].transpose(0, 1),
-                data[seq.tail_slot, layer, 1, :, :n].transpose(0, 1))
 
     def _attend_chunk(self, layer: int, s: Segment, q: torch.Tensor, pos: torch.Tensor,
                       opened: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:

@@ -48,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--no-dequant-baseline", action="store_true", help="skip dequantise-then-SDPA")
+    parser.add_argument("--backends", default="auto",
+                        help="comma-separated decode backends to time per format: auto (what the engine "
+                             "runs), cuda (the NVRTC kernel, where it applies), triton")
     if "--out" not in parser._option_string_actions:
         parser.add_argument("--out", default=None, help="write the result JSON here")
 
@@ -211,6 +214,10 @@ def run(args) -> dict:
     shapes = [parse_shape(s) for s in (QUICK_SHAPES if quick and args.shapes == ",".join(DEFAULT_SHAPES)
                                        else args.shapes.split(","))]
     formats = [s.strip() for s in args.formats.split(",") if s.strip()]
+    backends = [s.strip() for s in getattr(args, "backends", "auto").split(",") if s.strip()]
+    for k in backends:
+        if k not in ("auto", "cuda", "triton"):
+            raise ValueError(f"unknown backend {k!r} (auto, cuda, triton)")
     hq, h, d, p = args.num_q_heads, args.num_kv_heads, args.head_dim, args.page_size
     t_start = time.time()
     copy = copy_bandwidth(device=dev)
@@ -230,18 +237,22 @@ def run(args) -> dict:
         sdpa_ms = min(sdpa.values())
         del kvs, kc, vc, qc
         torch.cuda.empty_cache()
-        for name in formats:
+        for name, backend in [(n, k) for n in formats for k in backends]:
             f = PageFormat(KVFormat.parse(name), p, 1, h, d)
             prob = build_problem(f, batch, context, hq, dev)
+            kernel = _kernel_name(f, prob, backend)
+            if kernel is None:
+                print(f"{batch}x{_ctx(context)} {f.name}: the CUDA kernel does not cover it, skipped", flush=True)
+                continue
             nbytes = kv_bytes_read(f, prob.total_pages, prob.tail_tokens)
             probs = [prob] + [build_problem(f, batch, context, hq, dev, seed=i + 1)
                               for i in range(copies_for(nbytes) - 1)]
-            fns = [(lambda pr=pr: paged_decode_attention(*pr.args, out=pr.out)) for pr in probs]
+            fns = [(lambda pr=pr: paged_decode_attention(*pr.args, out=pr.out, backend=backend)) for pr in probs]
             fns[0]()
             torch.cuda.synchronize()
             ms = time_graph(fns, 10 if quick else 30)
             eager_ms = time_fn(fns[0], quick)
-            row = {"batch": batch, "context": context, "format": f.name, "ms": ms, "eager_ms": eager_ms,
+            row = {"batch": batch, "context": context, "format": f.name, "kernel": kernel, "ms": ms, "eager_ms": eager_ms,
                    "kv_bytes": nbytes, "tb_per_s": nbytes / ms / 1e9, "floor_ms": nbytes / bw * 1e3,
                    "sdpa_bf16_ms": sdpa_ms, "sdpa_variants_ms": sdpa, "sdpa_eager_ms": sdpa_eager,
                    "sdpa_bf16_kv_bytes": sdpa_bytes, "copies": len(probs)}
@@ -275,9 +286,21 @@ def run(args) -> dict:
     return result
 
 
+def _kernel_name(f, prob: Problem, backend: str) -> str | None:
+    """Which split kernel ``backend`` runs for this problem ("cuda"/"triton"), None if it cannot."""
+    from kvwire.kernels import paged_decode, paged_decode_cuda
+    q = prob.args[0]
+    covered = paged_decode_cuda.supports(f, q.shape[1], q)
+    if backend == "triton":
+        return "triton"
+    if backend == "cuda":
+        return "cuda" if covered else None
+    return "cuda" if covered and not paged_decode._CUDA_BROKEN else "triton"
+
+
 def _row_line(r: dict) -> str:
     dq = r.get("vs_dequant_sdpa")
-    return (f"{r['batch']:>4}x{_ctx(r['context']):<5} {r['format']:<16} {r['ms']:8.4f} ms (eager {r['eager_ms']:.4f})  "
+    return (f"{r['batch']:>4}x{_ctx(r['context']):<5} {r['format']:<16} {r.get('kernel', '-'):<6} {r['ms']:8.4f} ms (eager {r['eager_ms']:.4f})  "
             f"{r['kv_bytes'] / 1e9:7.3f} GB  {r['tb_per_s']:5.2f} TB/s  floor {r['floor_ms']:7.4f} ms "
             f"({100 * r['of_floor']:5.1f}%)  vs SDPA {r['vs_sdpa']:5.2f}x  "
             f"vs dequant+SDPA {'-' if dq is None else f'{dq:5.1f}x'}  err {r.get('rel_err', float('nan')):.1e}")
@@ -292,12 +315,12 @@ def format_table(result: dict) -> str:
     lines = [f"device: {result['device']}   copy bandwidth (read+write): {c['tb_per_s']:.2f} TB/s   "
              f"shape: Hq={result['shape']['num_q_heads']} Hkv={result['shape']['num_kv_heads']} "
              f"D={result['shape']['head_dim']} P={result['shape']['page_size']}, one layer",
-             "| batch x ctx | format | ms | eager ms | KV GB | TB/s | floor ms | % of floor | bf16 SDPA ms | vs SDPA | "
+             "| batch x ctx | format | kernel | ms | eager ms | KV GB | TB/s | floor ms | % of floor | bf16 SDPA ms | vs SDPA | "
              "vs dequant+SDPA | rel err |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["rows"]:
         dq = r.get("vs_dequant_sdpa")
-        lines.append(f"| {r['batch']}x{_ctx(r['context'])} | {r['format']} | {r['ms']:.4f} | {r['eager_ms']:.4f} | {r['kv_bytes'] / 1e9:.3f} | "
+        lines.append(f"| {r['batch']}x{_ctx(r['context'])} | {r['format']} | {r.get('kernel', '-')} | {r['ms']:.4f} | {r['eager_ms']:.4f} | {r['kv_bytes'] / 1e9:.3f} | "
                      f"{r['tb_per_s']:.2f} | {r['floor_ms']:.4f} | {100 * r['of_floor']:.1f}% | {r['sdpa_bf16_ms']:.4f} | "
                      f"{r['vs_sdpa']:.2f}x | {'-' if dq is None else f'{dq:.1f}x'} | "
                      f"{r.get('rel_err', float('nan')):.1e} |")

@@ -28,6 +28,7 @@ and byte offsets are int64. On CPU tensors without TRITON_INTERPRET=1 the torch 
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 import triton
@@ -41,6 +42,7 @@ from kvwire.kernels._common import (
     nvfp4_perm, part_offsets,
     pow2, read_pages_reference, static_arg, use_triton,
 )
+from kvwire.kernels import paged_decode_cuda
 from kvwire.kernels.paged_decode_packed import _decode_split_packed_kernel, heads_per_program
 
 LOG2E = 1.4426950408889634
@@ -261,7 +263,7 @@ def paged_decode_attention(q: torch.Tensor, storage: torch.Tensor, page_format: 
                            *, num_splits: int | None = None, block_n: int | None = None,
                            num_warps: int | None = None, num_stages: int | None = None,
                            nvfp4_asm: bool = True, k_fp8_asm: bool = False, v_fp8_asm: bool = True,
-                           packed: bool = False, _hw: bool | None = None) -> torch.Tensor:
+                           packed: bool = False, backend: str = "auto", _hw: bool | None = None) -> torch.Tensor:
     """Decode attention of ``q`` [B, Hq, D] over each sequence's pages plus its bf16 tail.
 
     page_table: int32 [B, max_pages] (row b's first ``num_pages[b]`` entries are used);
@@ -269,8 +271,12 @@ def paged_decode_attention(q: torch.Tensor, storage: torch.Tensor, page_format: 
     (tail_len in 1..P); static_scales: fp32 [layers, 2, H] for fp8 tensor/head formats.
     Returns ``out`` (or a new tensor) [B, Hq, D] in q's dtype. Keyword-only arguments tune the
     launch (defaults from ``default_config``). CPU tensors without TRITON_INTERPRET=1 take the
-    torch reference path.
+    torch reference path. ``backend``: "auto" runs the CUDA split kernel (paged_decode_cuda.py)
+    where it applies and NVRTC loads, else Triton; "triton" and "cuda" force one ("cuda" raises
+    where it does not apply).
     """
+    if backend not in ("auto", "triton", "cuda"):
+        raise ValueError(f"backend must be 'auto', 'triton' or 'cuda', got {backend!r}")
     f = page_format
     check_storage(storage, f)
     bsz, hq, d = q.shape
@@ -291,8 +297,11 @@ def paged_decode_attention(q: torch.Tensor, storage: torch.Tensor, page_format: 
         return out
     hw = (not interpreting()) if _hw is None else _hw
     dev = storage.device
+    cuda_split = _use_cuda_split(backend, f, hq, q, hw and not packed)
     cfg = default_config(f, bsz, page_table.shape[1], dev, hq, packed)
     splits = num_splits or cfg["num_splits"]
+    if cuda_split and not num_splits:
+        splits = paged_decode_cuda.default_splits(bsz, f.num_kv_heads, page_table.shape[1], dev)
     bn = block_n or cfg["block_n"]
     nw = num_warps or cfg["num_warps"]
     ns = num_stages or cfg["num_stages"]
@@ -310,7 +319,10 @@ def paged_decode_attention(q: torch.Tensor, storage: torch.Tensor, page_format: 
     part_l = torch.empty_like(part_m)
     qk_scale = LOG2E / math.sqrt(d)
     hp = heads_per_program(h, g) if packed else 1
-    if hp > 1:
+    if cuda_split:
+        paged_decode_cuda.split_partials(q, storage, f, layer, page_table, num_pages, static, part_acc,
+                                         part_m, part_l, splits, qk_scale, (kd, vd))
+    elif hp > 1:
         _decode_split_packed_kernel[(splits, bsz * (h // hp))](
             q, *q.stride(), storage, st16, st16, st32, page_table, page_table.stride(0), num_pages, static,
             part_acc, part_m, part_l, f.page_bytes, layer, splits, qk_scale, *kd, *vd,
@@ -336,6 +348,30 @@ def paged_decode_attention(q: torch.Tensor, storage: torch.Tensor, page_format: 
         SB=min(64, pow2(splits)), num_warps=4,
     )
     return out
+
+
+_CUDA_BROKEN: list[str] = []
+
+
+def _use_cuda_split(backend: str, f: PageFormat, hq: int, q: torch.Tensor, eligible: bool) -> bool:
+    """Pick the CUDA split kernel: always for "cuda" (or raise), for "auto" where it applies."""
+    if backend == "triton":
+        return False
+    ok = eligible and paged_decode_cuda.supports(f, hq, q)
+    if backend == "cuda":
+        if not ok:
+            raise ValueError(f"the CUDA decode kernel does not cover format {f.name}, page size {f.page_size}, "
+                             f"head_dim {f.head_dim}, {hq} query heads, q {q.dtype} on {q.device}")
+        return True
+    if not ok or _CUDA_BROKEN:
+        return False
+    try:
+        paged_decode_cuda.kernel_for(f, hq, q.dtype, q.device)
+    except paged_decode_cuda.NvrtcUnavailableError as e:
+        _CUDA_BROKEN.append(str(e))
+        warnings.warn(f"paged decode falls back to Triton: {e}", RuntimeWarning, stacklevel=3)
+        return False
+    return True
 
 
 # ---- torch reference -----------------------------------------------------------------------------

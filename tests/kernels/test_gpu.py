@@ -104,20 +104,21 @@ def _check_decode(args, tol, **launch):
     assert err < tol, f"relative error {err:.2e}"
 
 
+@pytest.mark.parametrize("backend", ["triton", "auto"])
 @pytest.mark.parametrize("name", ALL_UNIFORM + MIXED)
-def test_decode_formats(name):
-    _check_decode(_decode_problem(name), 1e-2)
+def test_decode_formats(name, backend):
+    _check_decode(_decode_problem(name), 1e-2, backend=backend)
 
 
 @pytest.mark.parametrize("name,gqa,head_dim", [("fp8-token/nvfp4", 1, 128), ("fp8-token/nvfp4", 8, 128),
                                                ("nvfp4", 8, 64), ("fp8-token", 3, 64), ("bf16", 4, 64)])
 def test_decode_gqa_and_head_dim(name, gqa, head_dim):
-    _check_decode(_decode_problem(name, gqa=gqa, head_dim=head_dim, heads=4), 1e-2)
+    _check_decode(_decode_problem(name, gqa=gqa, head_dim=head_dim, heads=4), 1e-2, backend="triton")
 
 
 @pytest.mark.parametrize("name", ["fp8-token/nvfp4", "nvfp4", "fp8-tensor"])
 def test_decode_fp32_q_tight(name):
-    _check_decode(_decode_problem(name, q_dtype=torch.float32), 4e-3)
+    _check_decode(_decode_problem(name, q_dtype=torch.float32), 4e-3, backend="triton")
 
 
 @pytest.mark.parametrize("launch", [{"_hw": False}, {"nvfp4_asm": False}, {"num_splits": 7, "block_n": 64},
@@ -125,7 +126,7 @@ def test_decode_fp32_q_tight(name):
                          ids=["bit-ops-path", "no-asm", "splits", "fp8-v-cast", "packed", "packed-bit-ops"])
 def test_decode_variants(launch):
     _check_decode(_decode_problem("fp8-token/nvfp4", q_dtype=torch.float32), 4e-3 if "_hw" not in launch else 1e-4,
-                  **launch)
+                  backend="triton", **launch)
 
 
 @pytest.mark.parametrize("name", ["bf16", "fp8-tensor", "fp8-token", "nvfp4"])
@@ -144,7 +145,7 @@ def test_decode_page_ids_past_65536_and_offsets_past_2_31():
     args = (torch.randn((2, 32, 128), device=DEV, generator=gen), storage, f, 1, used.view(2, 3).int(),
             torch.tensor([3, 3], dtype=torch.int32, device=DEV), tail, torch.tensor([1, 0], dtype=torch.int32, device=DEV),
             torch.tensor([16, 2], dtype=torch.int32, device=DEV), static)
-    _check_decode(args, 4e-3)
+    _check_decode(args, 4e-3, backend="triton")
 
 
 @pytest.mark.parametrize("name", ["bf16", "fp8-token", "fp8-tensor", "nvfp4", "fp8-token/nvfp4"])

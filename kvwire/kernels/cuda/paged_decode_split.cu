@@ -1,0 +1,432 @@
+// Split-KV paged decode over FP8 / NVFP4 pages on mma.sync tensor cores (sm_80+; tuned on sm_90).
+//
+// Compiled at run time by NVRTC (kvwire/kernels/nvrtc.py) with these macros:
+//   H, G (<= 8), D (64 or 128), NW (warps per block), KELEM, VELEM (1 fp8, 2 nvfp4),
+//   KGRAN, VGRAN (0 none, 1 token, 2 page, 3 static: tensor/head; fp8 only), QF32 (q is fp32, else bf16).
+// It writes the same partial results (m, l, acc per split and query head, log2 units) as the
+// Triton split kernel, so the Triton reduce kernel attends the bf16 tail and merges the splits.
+//
+// Layout of the work (why it is fast): a warp owns one page (16 tokens = the MMA's M) at a time
+// and reads it straight from global memory into registers, already in tensor-core fragment order:
+//   S^T[tok, head]  = K[tok, d] . q^T[d, head]     A = K (16 tok x 16 d), B = q^T (16 d x 8 heads)
+//   O^T[d, head]   += V^T[d, tok] . P^T[tok, head] A = V^T (16 d x 16 tok), B = P^T
+// so the GQA group sits on the MMA's N side (8 columns, no 16-row padding of the query), and the
+// only per-element work is the hardware E4M3x2 -> f16x2 conversion (plus the E2M1 -> E4M3 bit
+// placement and the block-scale multiply for NVFP4). The reduction dimensions (d for S, tokens
+// for O) are visited in a permuted order, matched in q and in P, so every lane's loads are
+// contiguous 16- or 8-byte vectors; the output rows (d) are permuted too and unpermuted on store.
+//
+// Fragment conventions of mma.m16n8k16 (lane = 4 * gi + ci):
+//   A: a0,a1 (row gi, k 2ci..+1) a2,a3 (row gi+8, same k) a4,a5 (row gi, k 2ci+8..) a6,a7 (row gi+8)
+//   B: b0,b1 (k 2ci..+1, col gi)  b2,b3 (k 2ci+8.., col gi)
+//   C: c0,c1 (row gi, cols 2ci..+1) c2,c3 (row gi+8, same cols)
+// K (fp8):   lane reads row gi and gi+8, bytes [64j + 16ci, +16) for j < D/64; k-step 4j+u uses
+//            word u: its low half -> a0a1 / a2a3, its high half -> a4a5 / a6a7.
+// K (nvfp4): lane reads bytes [ci * D/8, +D/8) of rows gi, gi+8 (D/4 elements); word w gives
+//            E4M3 words L (even d) and H (odd d); k-step 2w+t: a0a1 = L half t, a4a5 = H half t.
+// V:         lane reads tokens ci, ci+4, ci+8, ci+12 at d in [gi * D/8, +D/8); token order for
+//            the P.V reduction is pi(2c)=c, pi(2c+1)=c+8, pi(2c+8)=c+4, pi(2c+9)=c+12, and output
+//            row gi (gi+8) of m-tile i is d = gi * D/8 + 2i (+1).
+#define NT (NW * 32)
+#define P 16
+#define VB (D / 8)
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned char u8;
+typedef long long i64;
+
+__device__ __forceinline__ float shfl_xor(float v, int m) {
+    float r;
+    asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(r) : "f"(v), "r"(m));
+    return r;
+}
+__device__ __forceinline__ u32 shfl_idx(u32 v, int src) {
+    u32 r;
+    asm volatile("shfl.sync.idx.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=r"(r) : "r"(v), "r"(src));
+    return r;
+}
+__device__ __forceinline__ bool any_sync(bool p) {
+    u32 r;
+    asm volatile("{ .reg .pred p, q; setp.ne.u32 p, %1, 0; vote.sync.any.pred q, p, 0xffffffff; selp.u32 %0, 1, 0, q; }"
+                 : "=r"(r) : "r"((u32)p));
+    return r != 0;
+}
+__device__ __forceinline__ void block_sync() { asm volatile("bar.sync 0;" ::: "memory"); }
+__device__ __forceinline__ float ex2(float x) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+__device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+__device__ __forceinline__ u32 e4m3x2_lo(u32 w) {  // bytes 0,1 -> f16x2 (byte 0 in the low half)
+    u32 r;
+    asm("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.rn.f16x2.e4m3x2 %0, lo; }" : "=r"(r) : "r"(w));
+    return r;
+}
+__device__ __forceinline__ u32 e4m3x2_hi(u32 w) {  // bytes 2,3 -> f16x2
+    u32 r;
+    asm("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.rn.f16x2.e4m3x2 %0, hi; }" : "=r"(r) : "r"(w));
+    return r;
+}
+__device__ __forceinline__ u32 hmul2(u32 a, u32 b) {
+    u32 r;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
+    u32 r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+    return r;
+}
+// E2M1 codes (low nibble = even element) -> E4M3 bytes of value * 2^-6: bit placement.
+__device__ __forceinline__ u32 e2m1_lo_to_e4m3(u32 w) { return ((w << 4) & 0x80808080u) | ((w << 2) & 0x1C1C1C1Cu); }
+__device__ __forceinline__ u32 e2m1_hi_to_e4m3(u32 w) { return (w & 0x80808080u) | ((w >> 2) & 0x1C1C1C1Cu); }
+
+__device__ __forceinline__ void mma16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void ld16(const u8* p, u32* r) {
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(p));
+}
+__device__ __forceinline__ void ld8(const u8* p, u32* r) {
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "l"(p));
+}
+__device__ __forceinline__ float ldf(const u8* p) {
+    float r;
+    asm volatile("ld.global.nc.f32 %0, [%1];" : "=f"(r) : "l"(p));
+    return r;
+}
+__device__ __forceinline__ u32 ldb(const u8* p) {
+    u16 r;
+    asm volatile("ld.global.nc.u8 %0, [%1];" : "=h"(r) : "l"(p));
+    return (u32)r;
+}
+__device__ __forceinline__ float bf16_to_f32(u16 v) {
+    float r;
+    asm("mov.b32 %0, %1;" : "=f"(r) : "r"(((u32)v) << 16));
+    return r;
+}
+__device__ __forceinline__ float fmx(float a, float b) {
+    float r;
+    asm("max.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+__device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
+
+#if KELEM == 1
+#define KWORDS (D / 16)      // 32-bit words per K row per lane (D/4 bytes)
+#else
+#define KWORDS (D / 32)      // D/8 bytes of E2M1 codes per K row per lane
+#endif
+#if VELEM == 1
+#define VWORDS (D / 32)      // D/8 bytes per V token per lane
+#else
+#define VWORDS (D / 64)      // D/16 bytes of codes
+#endif
+#define KSTEPS (D / 16)
+#define MTILES (D / 16)
+
+struct PageRegs {
+    u32 k[2][KWORDS];        // rows gi, gi+8
+    u32 v[4][VWORDS];        // tokens ci, ci+4, ci+8, ci+12
+    float ks[2];             // key scale of tokens gi, gi+8 (token/page/global)
+    float vs[2];             // value scale of tokens gi, gi+8 (token/page/global)
+#if KELEM == 2
+    u32 kbs[2];              // E4M3 block scales of rows gi, gi+8 (bytes: one per word pair)
+#endif
+#if VELEM == 2
+    u32 vbs[4];              // E4M3 block scale of each V token's D/8 slice
+#endif
+};
+
+__device__ __forceinline__ void load_page(PageRegs& r, const u8* page, int h, int gi, int ci,
+                                          i64 k_data, i64 k_s, i64 k_bs, i64 k_gs,
+                                          i64 v_data, i64 v_s, i64 v_bs, i64 v_gs) {
+#if KELEM == 1
+    const u8* kb = page + k_data + (i64)h * P * D;
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr)
+#pragma unroll
+        for (int j = 0; j < D / 64; ++j) ld16(kb + (gi + 8 * rr) * D + 64 * j + 16 * ci, &r.k[rr][4 * j]);
+#if KGRAN == 1
+    r.ks[0] = ldf(page + k_s + ((i64)h * P + gi) * 4);
+    r.ks[1] = ldf(page + k_s + ((i64)h * P + gi + 8) * 4);
+#elif KGRAN == 2
+    r.ks[0] = r.ks[1] = ldf(page + k_s + (i64)h * 4);
+#endif
+#else
+    const u8* kb = page + k_data + (i64)h * P * (D / 2);
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        const u8* row = kb + (gi + 8 * rr) * (D / 2) + ci * (D / 8);
+        if (D == 128) ld16(row, r.k[rr]); else ld8(row, r.k[rr]);
+        const u8* bs = page + k_bs + ((i64)h * P + gi + 8 * rr) * (D / 16) + ci * (D / 64);
+        r.kbs[rr] = ldb(bs) | (D == 128 ? ldb(bs + 1) << 8 : 0u);
+    }
+    r.ks[0] = r.ks[1] = ldf(page + k_gs + (i64)h * 4);
+#endif
+#if VELEM == 1
+    const u8* vb = page + v_data + (i64)h * P * D;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+        const u8* row = vb + (ci + 4 * t) * D + gi * VB;
+        if (D == 128) ld16(row, r.v[t]); else ld8(row, r.v[t]);
+    }
+#if VGRAN == 1
+    r.vs[0] = ldf(page + v_s + ((i64)h * P + gi) * 4);
+    r.vs[1] = ldf(page + v_s + ((i64)h * P + gi + 8) * 4);
+#elif VGRAN == 2
+    r.vs[0] = r.vs[1] = ldf(page + v_s + (i64)h * 4);
+#endif
+#else
+    const u8* vb = page + v_data + (i64)h * P * (D / 2);
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+        const u8* row = vb + (ci + 4 * t) * (D / 2) + gi * (VB / 2);
+        if (D == 128) ld8(row, r.v[t]); else r.v[t][0] = *(const u32*)row;
+        r.vbs[t] = ldb(page + v_bs + ((i64)h * P + ci + 4 * t) * (D / 16) + gi * VB / 16);
+    }
+    r.vs[0] = r.vs[1] = ldf(page + v_gs + (i64)h * 4);
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(NT) kvwire_decode_split(
+    const void* __restrict__ q_ptr, i64 sq_b, i64 sq_h,
+    const u8* __restrict__ storage, i64 page_bytes,
+    const int* __restrict__ page_table, i64 spt_b, const int* __restrict__ num_pages,
+    const float* __restrict__ statics, int layer,
+    float* __restrict__ part_acc, float* __restrict__ part_m, float* __restrict__ part_l,
+    int num_splits, float qk_scale,
+    i64 k_data, i64 k_s, i64 k_bs, i64 k_gs, i64 v_data, i64 v_s, i64 v_bs, i64 v_gs) {
+    __shared__ float sm_m[NW][8];
+    __shared__ float sm_l[NW][8];
+    __shared__ float sm_acc[NW][8][D + 1];
+
+    const int pid_s = blockIdx.x;
+    const int pid_bh = blockIdx.y;
+    const int b = pid_bh / H;
+    const int h = pid_bh % H;
+    const int warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31;
+    const int gi = lane >> 2;
+    const int ci = lane & 3;
+
+    const int n = num_pages[b];
+    const int pps = (n + num_splits - 1) / num_splits;
+    const int p0 = imin(pid_s * pps, n);
+    const int p1 = imin(p0 + pps, n);
+
+    // q as the B operand (column gi = query head h*G + gi; zero beyond G), in the K visiting order
+    float cscale = qk_scale;
+#if KGRAN == 3
+    cscale *= statics[(layer * 2 + 0) * H + h];
+#endif
+#if KELEM == 2
+    cscale *= 64.0f;                                    // E2M1 placed as E4M3 is value * 2^-6
+#endif
+    u32 qf[KSTEPS][2];
+    {
+        const i64 qoff = (i64)b * sq_b + (i64)(h * G + gi) * sq_h;
+#if QF32
+        const float* qrow = (const float*)q_ptr + qoff;
+#define QLOAD(i) qrow[i]
+#else
+        const u16* qrow = (const u16*)q_ptr + qoff;
+#define QLOAD(i) bf16_to_f32(qrow[i])
+#endif
+        const bool real = gi < G;
+#pragma unroll
+        for (int s = 0; s < KSTEPS; ++s) {
+            int d0, d1, d2, d3;
+#if KELEM == 1
+            const int base = 64 * (s / 4) + 16 * ci + 4 * (s % 4);
+            d0 = base; d1 = base + 1; d2 = base + 2; d3 = base + 3;
+#else
+            const int base = ci * (D / 4) + 8 * (s / 2) + 4 * (s % 2);
+            d0 = base; d1 = base + 2; d2 = base + 1; d3 = base + 3;
+#endif
+            const float x0 = real ? QLOAD(d0) : 0.f, x1 = real ? QLOAD(d1) : 0.f;
+            const float x2 = real ? QLOAD(d2) : 0.f, x3 = real ? QLOAD(d3) : 0.f;
+            qf[s][0] = pack_f16x2(x0, x1);
+            qf[s][1] = pack_f16x2(x2, x3);
+        }
+    }
+
+    float m0 = -1.0e30f, m1 = -1.0e30f;                 // running max of heads 2ci, 2ci+1 (log2 units)
+    float l0 = 0.f, l1 = 0.f;                           // this lane's share of the softmax sums
+    float acc[MTILES][4];
+#pragma unroll
+    for (int i = 0; i < MTILES; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+#if VGRAN == 1 || VGRAN == 2 || VELEM == 2
+    float vinv = 0.f;                                   // acc is in units of 1/vinv (0: not set yet)
+#endif
+
+    const int* pt = page_table + (i64)b * spt_b;
+    const int first = p0 + warp;
+    PageRegs cur;
+    if (first < p1) {
+        const u8* page = storage + (i64)pt[first] * page_bytes;
+        load_page(cur, page, h, gi, ci, k_data, k_s, k_bs, k_gs, v_data, v_s, v_bs, v_gs);
+    }
+    for (int pg = first; pg < p1; pg += NW) {
+        PageRegs nxt;
+        if (pg + NW < p1) {
+            const u8* page = storage + (i64)pt[pg + NW] * page_bytes;
+            load_page(nxt, page, h, gi, ci, k_data, k_s, k_bs, k_gs, v_data, v_s, v_bs, v_gs);
+        }
+        // ---- scores S^T[tok gi / gi+8, head 2ci / 2ci+1] ----
+        float s[4] = {0.f, 0.f, 0.f, 0.f};
+#if KELEM == 1
+#pragma unroll
+        for (int st = 0; st < KSTEPS; ++st) {
+            const u32 w0 = cur.k[0][st], w1 = cur.k[1][st];
+            mma16816(s, e4m3x2_lo(w0), e4m3x2_lo(w1), e4m3x2_hi(w0), e4m3x2_hi(w1), qf[st][0], qf[st][1]);
+        }
+#else
+#pragma unroll
+        for (int w = 0; w < KWORDS; ++w) {
+            const int sh = (D == 128) ? 8 * (w / 2) : 0;
+            const u32 bs0 = e4m3x2_lo(((cur.kbs[0] >> sh) & 0xffu) * 0x0101u);
+            const u32 bs1 = e4m3x2_lo(((cur.kbs[1] >> sh) & 0xffu) * 0x0101u);
+            const u32 L0 = e2m1_lo_to_e4m3(cur.k[0][w]), H0 = e2m1_hi_to_e4m3(cur.k[0][w]);
+            const u32 L1 = e2m1_lo_to_e4m3(cur.k[1][w]), H1 = e2m1_hi_to_e4m3(cur.k[1][w]);
+            mma16816(s, hmul2(e4m3x2_lo(L0), bs0), hmul2(e4m3x2_lo(L1), bs1),
+                     hmul2(e4m3x2_lo(H0), bs0), hmul2(e4m3x2_lo(H1), bs1), qf[2 * w][0], qf[2 * w][1]);
+            mma16816(s, hmul2(e4m3x2_hi(L0), bs0), hmul2(e4m3x2_hi(L1), bs1),
+                     hmul2(e4m3x2_hi(H0), bs0), hmul2(e4m3x2_hi(H1), bs1), qf[2 * w + 1][0], qf[2 * w + 1][1]);
+        }
+#endif
+#if KGRAN == 1 || KGRAN == 2 || KELEM == 2
+        s[0] *= cscale * cur.ks[0]; s[1] *= cscale * cur.ks[0];
+        s[2] *= cscale * cur.ks[1]; s[3] *= cscale * cur.ks[1];
+#else
+        s[0] *= cscale; s[1] *= cscale; s[2] *= cscale; s[3] *= cscale;
+#endif
+        // ---- online softmax over the page's 16 tokens, per head ----
+        float pm0 = fmx(s[0], s[2]), pm1 = fmx(s[1], s[3]);
+#pragma unroll
+        for (int x = 4; x < 32; x <<= 1) { pm0 = fmx(pm0, shfl_xor(pm0, x)); pm1 = fmx(pm1, shfl_xor(pm1, x)); }
+        const float mn0 = fmx(m0, pm0), mn1 = fmx(m1, pm1);
+        if (any_sync(mn0 > m0 || mn1 > m1)) {
+            const float a0 = ex2(m0 - mn0), a1 = ex2(m1 - mn1);
+            l0 *= a0; l1 *= a1;
+#pragma unroll
+            for (int i = 0; i < MTILES; ++i) { acc[i][0] *= a0; acc[i][1] *= a1; acc[i][2] *= a0; acc[i][3] *= a1; }
+            m0 = mn0; m1 = mn1;
+        }
+        float p0 = ex2(s[0] - m0), p1v = ex2(s[1] - m1), p2 = ex2(s[2] - m0), p3 = ex2(s[3] - m1);
+        l0 += p0 + p2; l1 += p1v + p3;
+#if VGRAN == 1 || VGRAN == 2 || VELEM == 2
+        {   // value scales ride on P, relative to a warp reference kept within 2^+-10 (f16 range)
+            float x0 = cur.vs[0] * vinv, x1 = cur.vs[1] * vinv;
+            const bool bad = !(x0 >= 9.765625e-4f && x0 <= 1024.0f) || !(x1 >= 9.765625e-4f && x1 <= 1024.0f);
+            if (any_sync(bad)) {
+                float vm = fmx(cur.vs[0], cur.vs[1]);
+#pragma unroll
+                for (int x = 4; x < 32; x <<= 1) vm = fmx(vm, shfl_xor(vm, x));
+                const float ninv = vm > 0.f ? 1.0f / vm : (vinv > 0.f ? vinv : 1.0f);
+                const float ratio = vinv > 0.f ? ninv / vinv : 0.f;
+#pragma unroll
+                for (int i = 0; i < MTILES; ++i) { acc[i][0] *= ratio; acc[i][1] *= ratio; acc[i][2] *= ratio; acc[i][3] *= ratio; }
+                vinv = ninv;
+                x0 = cur.vs[0] * vinv; x1 = cur.vs[1] * vinv;
+            }
+            p0 *= x0; p1v *= x0; p2 *= x1; p3 *= x1;
+        }
+#endif
+        // ---- P^T as the B operand: lane (gi, ci) needs head gi, tokens (ci, ci+8) and (ci+4, ci+12)
+        const u32 X0 = pack_f16x2(p0, p2), X1 = pack_f16x2(p1v, p3);   // head 2ci / 2ci+1: tokens gi, gi+8
+        const int srcA = 4 * ci + (gi >> 1), srcB = srcA + 16;
+        const u32 a0x = shfl_idx(X0, srcA), a1x = shfl_idx(X1, srcA);
+        const u32 b0x = shfl_idx(X0, srcB), b1x = shfl_idx(X1, srcB);
+        const u32 pb0 = (gi & 1) ? a1x : a0x, pb1 = (gi & 1) ? b1x : b0x;
+        // ---- O^T += V^T . P^T ----
+#if VELEM == 1
+#pragma unroll
+        for (int i = 0; i < MTILES; ++i) {
+            const int w = i / 2;
+            const u32 sel = (i & 1) ? 0x7362u : 0x5140u;
+            const u32 lo = prmt(cur.v[0][w], cur.v[2][w], sel);    // tokens ci, ci+8
+            const u32 hi = prmt(cur.v[1][w], cur.v[3][w], sel);    // tokens ci+4, ci+12
+            mma16816(acc[i], e4m3x2_lo(lo), e4m3x2_hi(lo), e4m3x2_lo(hi), e4m3x2_hi(hi), pb0, pb1);
+        }
+#else
+        const u32 vsA = e4m3x2_lo(cur.vbs[0] | (cur.vbs[2] << 8));     // block scales of tokens ci, ci+8
+        const u32 vsB = e4m3x2_lo(cur.vbs[1] | (cur.vbs[3] << 8));     // tokens ci+4, ci+12
+#pragma unroll
+        for (int wq = 0; wq < VWORDS; ++wq) {
+            const u32 La = e2m1_lo_to_e4m3(cur.v[0][wq]), Ha = e2m1_hi_to_e4m3(cur.v[0][wq]);
+            const u32 Lb = e2m1_lo_to_e4m3(cur.v[1][wq]), Hb = e2m1_hi_to_e4m3(cur.v[1][wq]);
+            const u32 Lc = e2m1_lo_to_e4m3(cur.v[2][wq]), Hc = e2m1_hi_to_e4m3(cur.v[2][wq]);
+            const u32 Ld = e2m1_lo_to_e4m3(cur.v[3][wq]), Hd = e2m1_hi_to_e4m3(cur.v[3][wq]);
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const u32 sel = half ? 0x7362u : 0x5140u;
+                const u32 lA = prmt(La, Lc, sel), hA = prmt(Ha, Hc, sel);    // tokens ci, ci+8
+                const u32 lB = prmt(Lb, Ld, sel), hB = prmt(Hb, Hd, sel);    // tokens ci+4, ci+12
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int i = 4 * wq + 2 * half + e;                      // even d = 8wq + 2(2half+e)
+                    const u32 A0 = e ? e4m3x2_hi(lA) : e4m3x2_lo(lA);
+                    const u32 A1 = e ? e4m3x2_hi(hA) : e4m3x2_lo(hA);
+                    const u32 A2 = e ? e4m3x2_hi(lB) : e4m3x2_lo(lB);
+                    const u32 A3 = e ? e4m3x2_hi(hB) : e4m3x2_lo(hB);
+                    mma16816(acc[i], hmul2(A0, vsA), hmul2(A1, vsA), hmul2(A2, vsB), hmul2(A3, vsB), pb0, pb1);
+                }
+            }
+        }
+#endif
+        cur = nxt;
+    }
+
+    // ---- this warp's partial: sums over lanes, value scales, then the block's merge ----
+#pragma unroll
+    for (int x = 4; x < 32; x <<= 1) { l0 += shfl_xor(l0, x); l1 += shfl_xor(l1, x); }
+    float vfac = 1.0f;
+#if VGRAN == 3
+    vfac *= statics[(layer * 2 + 1) * H + h];
+#endif
+#if VGRAN == 1 || VGRAN == 2 || VELEM == 2
+    vfac *= vinv > 0.f ? 1.0f / vinv : 0.f;
+#endif
+#if VELEM == 2
+    vfac *= 64.0f;
+#endif
+    if (gi == 0) {
+        sm_m[warp][2 * ci] = m0; sm_m[warp][2 * ci + 1] = m1;
+        sm_l[warp][2 * ci] = l0; sm_l[warp][2 * ci + 1] = l1;
+    }
+#pragma unroll
+    for (int i = 0; i < MTILES; ++i) {
+        const int dg = gi * VB + 2 * i;                 // row gi of m-tile i; row gi+8 is dg + 1
+        sm_acc[warp][2 * ci][dg] = acc[i][0] * vfac;
+        sm_acc[warp][2 * ci + 1][dg] = acc[i][1] * vfac;
+        sm_acc[warp][2 * ci][dg + 1] = acc[i][2] * vfac;
+        sm_acc[warp][2 * ci + 1][dg + 1] = acc[i][3] * vfac;
+    }
+    block_sync();
+    const i64 prow = ((i64)pid_bh * num_splits + pid_s) * G;
+    for (int idx = threadIdx.x; idx < G * D; idx += NT) {
+        const int hd = idx / D, d = idx % D;
+        float mx = -1.0e30f;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) mx = fmx(mx, sm_m[w][hd]);
+        float a = 0.f, l = 0.f;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) {
+            const float f = ex2(sm_m[w][hd] - mx);
+            a += sm_acc[w][hd][d] * f;
+            l += sm_l[w][hd] * f;
+        }
+        part_acc[(prow + hd) * D + d] = a;
+        if (d == 0) { part_m[prow + hd] = mx; part_l[prow + hd] = l; }
+    }
+}

@@ -1,0 +1,96 @@
+"""The CUDA (NVRTC) split kernel of paged decode attention, for FP8 and NVFP4 pages.
+
+``cuda/paged_decode_split.cu`` computes the same per-split partials as the Triton split kernel in
+``paged_decode.py`` (whose reduce kernel then adds the bf16 tail and merges the splits), but with
+the GQA group on the N side of ``mma.m16n8k16`` and each page read by one warp straight into
+fragment registers: no 16-row query padding, no shared-memory round trip, and per element only
+the hardware E4M3x2 -> f16x2 conversion (plus bit placement and block scales for NVFP4). Why the
+Triton kernel could not get there is in docs/benchmarks.md.
+
+Scope (``supports``): both K and V FP8 or NVFP4 (any FP8 granularity), page size 16, head_dim 64 or
+128, up to 8 query heads per KV head, q in bf16 or fp32, a GPU with E4M3 conversions (sm_89+).
+Everything else, and CPU/interpreter runs, uses the Triton kernel or the torch reference.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from kvwire.formats import ElementType, Granularity, PageFormat, TensorFormat
+from kvwire.kernels.nvrtc import CudaKernel, NvrtcUnavailableError, load_kernel
+
+NUM_WARPS = 4
+MIN_PAGES_PER_WARP = 4
+SOURCE = "paged_decode_split.cu"
+KERNEL = "kvwire_decode_split"
+
+
+def _elem(fmt: TensorFormat) -> int:
+    return {ElementType.FP8: 1, ElementType.NVFP4: 2}[fmt.element]
+
+
+def _gran(fmt: TensorFormat) -> int:
+    if fmt.element is not ElementType.FP8:
+        return 0
+    return {Granularity.TOKEN: 1, Granularity.PAGE: 2, Granularity.TENSOR: 3, Granularity.HEAD: 3}[fmt.granularity]
+
+
+def supports(page_format: PageFormat, num_q_heads: int, q: torch.Tensor) -> bool:
+    """Whether the CUDA split kernel covers this format, shape and device."""
+    f = page_format
+    compact = (ElementType.FP8, ElementType.NVFP4)
+    if not q.is_cuda or f.kv.key.element not in compact or f.kv.value.element not in compact:
+        return False
+    g = num_q_heads // f.num_kv_heads
+    if f.page_size != 16 or f.head_dim not in (64, 128) or not 1 <= g <= 8:
+        return False
+    if q.dtype not in (torch.bfloat16, torch.float32) or q.stride(-1) != 1:
+        return False
+    return torch.cuda.get_device_capability(q.device) >= (8, 9)
+
+
+def kernel_for(page_format: PageFormat, num_q_heads: int, q_dtype: torch.dtype,
+               device: torch.device, num_warps: int = NUM_WARPS) -> CudaKernel:
+    f = page_format
+    defines = {
+        "H": f.num_kv_heads, "G": num_q_heads // f.num_kv_heads, "D": f.head_dim, "NW": num_warps,
+        "KELEM": _elem(f.kv.key), "KGRAN": _gran(f.kv.key), "VELEM": _elem(f.kv.value),
+        "VGRAN": _gran(f.kv.value), "QF32": int(q_dtype == torch.float32),
+    }
+    return load_kernel(SOURCE, KERNEL, defines, device)
+
+
+def default_splits(batch: int, kv_heads: int, max_pages: int, device: torch.device,
+                   num_warps: int = NUM_WARPS) -> int:
+    """Enough blocks for ~16 warps per SM, but at least MIN_PAGES_PER_WARP pages per warp."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    want = -(-16 * sms // (num_warps * batch * kv_heads))
+    cap = -(-max_pages // (num_warps * MIN_PAGES_PER_WARP))
+    return max(1, min(want, cap))
+
+
+def split_partials(q: torch.Tensor, storage: torch.Tensor, page_format: PageFormat, layer: int,
+                   page_table: torch.Tensor, num_pages: torch.Tensor, static: torch.Tensor,
+                   part_acc: torch.Tensor, part_m: torch.Tensor, part_l: torch.Tensor, splits: int,
+                   qk_scale: float, offsets: tuple[tuple[int, ...], tuple[int, ...]],
+                   num_warps: int = NUM_WARPS) -> None:
+    """Fill the partials [B*H*splits*G, D] / [B*H*splits*G] exactly as the Triton split kernel does."""
+    f = page_format
+    bsz, hq, _ = q.shape
+    if page_table.dtype != torch.int32 or num_pages.dtype != torch.int32:
+        raise ValueError("page_table and num_pages must be int32 for the CUDA kernel")
+    kern = kernel_for(f, hq, q.dtype, q.device, num_warps)
+    i64, i32, ptr = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
+    kd, vd = offsets
+    args = [ptr(q.data_ptr()), i64(q.stride(0)), i64(q.stride(1)),
+            ptr(storage.data_ptr()), i64(f.page_bytes),
+            ptr(page_table.data_ptr()), i64(page_table.stride(0)), ptr(num_pages.data_ptr()),
+            ptr(static.data_ptr()), i32(layer),
+            ptr(part_acc.data_ptr()), ptr(part_m.data_ptr()), ptr(part_l.data_ptr()),
+            i32(splits), ctypes.c_float(qk_scale),
+            *[i64(o) for o in kd], *[i64(o) for o in vd]]
+    kern.launch((splits, bsz * f.num_kv_heads, 1), (32 * num_warps, 1, 1), args)
+
+
+__all__ = ["NvrtcUnavailableError", "default_splits", "kernel_for", "split_partials", "supports"]

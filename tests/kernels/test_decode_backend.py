@@ -1,0 +1,55 @@
+"""Backend choice of paged decode on the CPU: the CUDA kernel is never picked here, and asking for it
+says why (its numerics are checked on the GPU in test_gpu_cuda_decode.py)."""
+import pytest
+import torch
+
+from kvwire.kernels import paged_decode_cuda
+from kvwire.kernels.paged_decode import paged_decode_attention, paged_decode_reference
+
+from .helpers import make_format, make_pool, rel_err
+
+
+def _args(name="fp8-token/nvfp4"):
+    gen = torch.Generator().manual_seed(0)
+    f = make_format(name, page_size=16, layers=1, heads=2, head_dim=64)
+    storage, static = make_pool(f, 8, gen)
+    q = torch.randn((1, 8, 64), generator=gen)
+    tail = torch.randn((1, 1, 2, 2, 16, 64), generator=gen).to(torch.bfloat16)
+    return (q, storage, f, 0, torch.tensor([[3, 1, 6]], dtype=torch.int32), torch.tensor([3], dtype=torch.int32),
+            tail, torch.tensor([0], dtype=torch.int32), torch.tensor([9], dtype=torch.int32), static)
+
+
+def test_cuda_backend_on_cpu_raises_with_the_reason():
+    with pytest.raises(ValueError, match="does not cover .* on cpu"):
+        paged_decode_attention(*_args(), backend="cuda")
+
+
+def test_unknown_backend_raises():
+    with pytest.raises(ValueError, match="backend must be"):
+        paged_decode_attention(*_args(), backend="cutlass")
+
+
+def test_auto_on_cpu_matches_the_reference():
+    args = _args()
+    assert not paged_decode_cuda.supports(args[2], 8, args[0])
+    assert rel_err(paged_decode_attention(*args), paged_decode_reference(*args)) < 1e-4
+
+
+@pytest.mark.parametrize("name,page_size,head_dim,q_heads,ok", [
+    ("fp8-token/nvfp4", 16, 128, 32, True), ("bf16/nvfp4", 16, 128, 32, False), ("nvfp4", 32, 128, 32, False),
+    ("fp8-token", 16, 96, 32, False), ("fp8-token", 16, 128, 80, False), ("fp8-tensor", 16, 64, 8, True)])
+def test_supports_covers_the_documented_scope(name, page_size, head_dim, q_heads, ok, monkeypatch):
+    """``supports`` on a (pretend) sm_90 device: compact K and V, P=16, D 64/128, G <= 8."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+
+    class FakeCudaQ:                       # only the attributes supports() reads
+        is_cuda = True
+        dtype = torch.bfloat16
+        device = torch.device("cuda", 0)
+
+        @staticmethod
+        def stride(dim):
+            return 1
+
+    f = make_format(name, page_size=page_size, layers=1, heads=8, head_dim=head_dim)
+    assert paged_decode_cuda.supports(f, q_heads, FakeCudaQ()) is ok

@@ -1,0 +1,109 @@
+"""The CUDA (NVRTC) decode split kernel against the torch reference, on a GPU at real sizes.
+
+Skipped without CUDA. The CPU cannot run this kernel (there is no CUDA interpreter); the CPU suite
+runs the Triton kernels it shares the contract and the reduce step with, and checks the dispatch.
+"""
+import pytest
+import torch
+
+from kvwire.kernels import paged_decode_cuda
+from kvwire.kernels.paged_decode import paged_decode_attention, paged_decode_reference
+from kvwire.kernels.quantize import write_pages_reference
+
+from .helpers import make_format, random_kv, rel_err
+from .test_gpu import _check_decode, _decode_problem
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+DEV = "cuda"
+COMPACT = ("fp8-tensor", "fp8-head", "fp8-page", "fp8-token", "nvfp4", "fp8-token/nvfp4", "nvfp4/fp8-token",
+           "fp8-tensor/nvfp4", "fp8-head/fp8-page", "fp8-page/fp8-token")
+
+
+@pytest.mark.parametrize("name", COMPACT)
+def test_cuda_decode_formats(name):
+    _check_decode(_decode_problem(name), 1e-2, backend="cuda")
+
+
+@pytest.mark.parametrize("name", ["fp8-token", "nvfp4", "fp8-token/nvfp4", "fp8-tensor"])
+@pytest.mark.parametrize("gqa,head_dim", [(1, 128), (3, 64), (4, 64), (8, 128), (3, 128)])
+def test_cuda_decode_gqa_and_head_dim(name, gqa, head_dim):
+    _check_decode(_decode_problem(name, gqa=gqa, head_dim=head_dim, heads=4), 1e-2, backend="cuda")
+
+
+@pytest.mark.parametrize("name", ["fp8-token/nvfp4", "nvfp4", "fp8-tensor", "fp8-page"])
+def test_cuda_decode_fp32_q_tight(name):
+    _check_decode(_decode_problem(name, q_dtype=torch.float32), 4e-3, backend="cuda")
+
+
+@pytest.mark.parametrize("splits", [1, 3, 13, 64])
+def test_cuda_decode_any_split_count(splits):
+    """More splits than some sequences have pages, and blocks whose warps get no page at all."""
+    _check_decode(_decode_problem("fp8-token/nvfp4", q_dtype=torch.float32), 4e-3, backend="cuda",
+                  num_splits=splits)
+
+
+@pytest.mark.parametrize("name", ["fp8-token", "fp8-page", "nvfp4", "fp8-token/nvfp4"])
+def test_cuda_decode_value_scales_far_apart(name):
+    """Pages whose K/V magnitudes differ by up to 2^28: the kernel's value reference must rescale."""
+    gen = torch.Generator(device=DEV).manual_seed(3)
+    f = make_format(name, page_size=16, layers=1, heads=4, head_dim=128)
+    n = 300
+    storage = torch.empty((n + 8, f.page_bytes), dtype=torch.uint8, device=DEV)
+    static = torch.full((1, 2, 4), 0.01, device=DEV)
+    ids = torch.randperm(n + 8, device=DEV, generator=gen)[:n]
+    page_mag = torch.exp2(torch.randint(-14, 15, (n, 1, 1, 1), device=DEV, generator=gen).float())
+    for part in (0, 1):
+        x = random_kv((n, 16, 4, 128), gen, DEV) * (page_mag if part == 1 else 1.0)
+        write_pages_reference(storage, f, 0, part, ids, x, static[0, part])
+    q = torch.randn((2, 16, 128), device=DEV, generator=gen)
+    pt = ids.view(2, n // 2).int()
+    tail = torch.randn((2, 1, 2, 4, 16, 128), device=DEV, generator=gen).to(torch.bfloat16)
+    args = (q, storage, f, 0, pt, torch.tensor([n // 2, n // 3], dtype=torch.int32, device=DEV), tail,
+            torch.tensor([0, 1], dtype=torch.int32, device=DEV), torch.tensor([5, 16], dtype=torch.int32, device=DEV),
+            static)
+    _check_decode(args, 4e-3, backend="cuda")
+
+
+def test_cuda_decode_page_ids_past_65536_and_offsets_past_2_31():
+    f = make_format("fp8-token", heads=8, head_dim=128)
+    n_pool = max((2**31) // f.page_bytes + 5000, 70_100)
+    gen = torch.Generator(device=DEV).manual_seed(1)
+    used = torch.tensor([70_000, n_pool - 1, n_pool - 500, 123, 65_537, n_pool - 2], device=DEV)
+    storage = torch.empty((n_pool, f.page_bytes), dtype=torch.uint8, device=DEV)
+    for part in (0, 1):
+        write_pages_reference(storage, f, 1, part, used, random_kv((6, 16, 8, 128), gen, DEV))
+    tail = torch.randn((2, 2, 2, 8, 16, 128), device=DEV, generator=gen).to(torch.bfloat16)
+    args = (torch.randn((2, 32, 128), device=DEV, generator=gen), storage, f, 1, used.view(2, 3).int(),
+            torch.tensor([3, 3], dtype=torch.int32, device=DEV), tail, torch.tensor([1, 0], dtype=torch.int32, device=DEV),
+            torch.tensor([16, 2], dtype=torch.int32, device=DEV), None)
+    _check_decode(args, 4e-3, backend="cuda")
+
+
+def test_auto_picks_cuda_where_it_applies_and_triton_elsewhere():
+    args = _decode_problem("fp8-token/nvfp4")
+    assert paged_decode_cuda.supports(args[2], args[0].shape[1], args[0])
+    bf = _decode_problem("bf16/nvfp4")
+    assert not paged_decode_cuda.supports(bf[2], bf[0].shape[1], bf[0])
+    with pytest.raises(ValueError, match="does not cover"):
+        paged_decode_attention(*bf, backend="cuda")
+    out_auto = paged_decode_attention(*args)
+    out_cuda = paged_decode_attention(*args, backend="cuda")
+    assert torch.equal(out_auto, out_cuda)
+    ref = paged_decode_reference(*args)
+    out_triton = paged_decode_attention(*args, backend="triton")
+    assert rel_err(out_triton, ref) < 1e-2
+
+
+def test_cuda_decode_in_a_cuda_graph():
+    """Serving loops capture decode in a graph: the ctypes launch must capture and replay."""
+    args = _decode_problem("fp8-token/nvfp4", num_pages=(300, 41), tail_len=(7, 16))
+    out = torch.full_like(args[0], float("nan"))
+    paged_decode_attention(*args, out=out, backend="cuda")
+    torch.cuda.synchronize()
+    out.fill_(float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        paged_decode_attention(*args, out=out, backend="cuda", num_splits=4)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel_err(out, paged_decode_reference(*args)) < 1e-2

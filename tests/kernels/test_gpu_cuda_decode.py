@@ -15,35 +15,47 @@ from .test_gpu import _check_decode, _decode_problem
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 DEV = "cuda"
+VARIANTS = [{"ASYNC": 0}, {"ASYNC": 1, "STAGES": 3}, {"ASYNC": 1, "STAGES": 2, "DEPTH": 2}]
+
+
+@pytest.fixture(params=VARIANTS, ids=["direct", "cp.async-3", "cp.async-2"])
+def variant(request, monkeypatch):
+    """Both load paths of the kernel (registers vs cp.async into shared memory)."""
+    tuning = dict(paged_decode_cuda.TUNING)
+    tuning.update(request.param)
+    monkeypatch.setattr(paged_decode_cuda, "TUNING", tuning)
+    return request.param
+
+
 COMPACT = ("fp8-tensor", "fp8-head", "fp8-page", "fp8-token", "nvfp4", "fp8-token/nvfp4", "nvfp4/fp8-token",
            "fp8-tensor/nvfp4", "fp8-head/fp8-page", "fp8-page/fp8-token")
 
 
 @pytest.mark.parametrize("name", COMPACT)
-def test_cuda_decode_formats(name):
+def test_cuda_decode_formats(name, variant):
     _check_decode(_decode_problem(name), 1e-2, backend="cuda")
 
 
 @pytest.mark.parametrize("name", ["fp8-token", "nvfp4", "fp8-token/nvfp4", "fp8-tensor"])
 @pytest.mark.parametrize("gqa,head_dim", [(1, 128), (3, 64), (4, 64), (8, 128), (3, 128)])
-def test_cuda_decode_gqa_and_head_dim(name, gqa, head_dim):
+def test_cuda_decode_gqa_and_head_dim(name, gqa, head_dim, variant):
     _check_decode(_decode_problem(name, gqa=gqa, head_dim=head_dim, heads=4), 1e-2, backend="cuda")
 
 
 @pytest.mark.parametrize("name", ["fp8-token/nvfp4", "nvfp4", "fp8-tensor", "fp8-page"])
-def test_cuda_decode_fp32_q_tight(name):
+def test_cuda_decode_fp32_q_tight(name, variant):
     _check_decode(_decode_problem(name, q_dtype=torch.float32), 4e-3, backend="cuda")
 
 
 @pytest.mark.parametrize("splits", [1, 3, 13, 64])
-def test_cuda_decode_any_split_count(splits):
+def test_cuda_decode_any_split_count(splits, variant):
     """More splits than some sequences have pages, and blocks whose warps get no page at all."""
     _check_decode(_decode_problem("fp8-token/nvfp4", q_dtype=torch.float32), 4e-3, backend="cuda",
                   num_splits=splits)
 
 
 @pytest.mark.parametrize("name", ["fp8-token", "fp8-page", "nvfp4", "fp8-token/nvfp4"])
-def test_cuda_decode_value_scales_far_apart(name):
+def test_cuda_decode_value_scales_far_apart(name, variant):
     """Pages whose K/V magnitudes differ by up to 2^28: the kernel's value reference must rescale."""
     gen = torch.Generator(device=DEV).manual_seed(3)
     f = make_format(name, page_size=16, layers=1, heads=4, head_dim=128)
@@ -64,7 +76,7 @@ def test_cuda_decode_value_scales_far_apart(name):
     _check_decode(args, 4e-3, backend="cuda")
 
 
-def test_cuda_decode_page_ids_past_65536_and_offsets_past_2_31():
+def test_cuda_decode_page_ids_past_65536_and_offsets_past_2_31(variant):
     f = make_format("fp8-token", heads=8, head_dim=128)
     n_pool = max((2**31) // f.page_bytes + 5000, 70_100)
     gen = torch.Generator(device=DEV).manual_seed(1)
@@ -94,7 +106,7 @@ def test_auto_picks_cuda_where_it_applies_and_triton_elsewhere():
     assert rel_err(out_triton, ref) < 1e-2
 
 
-def test_cuda_decode_in_a_cuda_graph():
+def test_cuda_decode_in_a_cuda_graph(variant):
     """Serving loops capture decode in a graph: the ctypes launch must capture and replay."""
     args = _decode_problem("fp8-token/nvfp4", num_pages=(300, 41), tail_len=(7, 16))
     out = torch.full_like(args[0], float("nan"))

@@ -27,6 +27,18 @@
 // V:         lane reads tokens ci, ci+4, ci+8, ci+12 at d in [gi * D/8, +D/8); token order for
 //            the P.V reduction is pi(2c)=c, pi(2c+1)=c+8, pi(2c+8)=c+4, pi(2c+9)=c+12, and output
 //            row gi (gi+8) of m-tile i is d = gi * D/8 + 2i (+1).
+#ifndef DEPTH
+#define DEPTH 2
+#endif
+#ifndef ASYNC
+#define ASYNC 0
+#endif
+#ifndef STAGES
+#define STAGES 4
+#endif
+#ifndef MINB
+#define MINB 1
+#endif
 #define NT (NW * 32)
 #define P 16
 #define VB (D / 8)
@@ -120,6 +132,11 @@ __device__ __forceinline__ float fmx(float a, float b) {
     return r;
 }
 __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
+__device__ __forceinline__ float __uint_as_float_(u32 v) {
+    float r;
+    asm("mov.b32 %0, %1;" : "=f"(r) : "r"(v));
+    return r;
+}
 
 #if KELEM == 1
 #define KWORDS (D / 16)      // 32-bit words per K row per lane (D/4 bytes)
@@ -147,68 +164,355 @@ struct PageRegs {
 #endif
 };
 
-__device__ __forceinline__ void load_page(PageRegs& r, const u8* page, int h, int gi, int ci,
-                                          i64 k_data, i64 k_s, i64 k_bs, i64 k_gs,
-                                          i64 v_data, i64 v_s, i64 v_bs, i64 v_gs) {
+#if ASYNC
+// ---- cp.async path: each lane copies its own fragment bytes into its own shared-memory slots ----
+// Per warp a ring of STAGES pages; a stage is CHUNKS chunks of [32 lanes][16 bytes] (lane-major
+// 16-byte slots: conflict-free reads). Chunk order: K data, V data, scales [ks0 ks1 vs0 vs1],
+// then (NVFP4 only) block-scale words [kbs0 kbs1 vbs0 vbs1] [vbs2 vbs3 - -].
 #if KELEM == 1
-    const u8* kb = page + k_data + (i64)h * P * D;
+#define CK (2 * (D / 64))
+#else
+#define CK (D == 128 ? 2 : 1)
+#endif
+#if VELEM == 1
+#define CV (D == 128 ? 4 : 2)
+#else
+#define CV (D == 128 ? 2 : 1)
+#endif
+#define CB ((KELEM == 2 || VELEM == 2) ? 2 : 0)
+#define CHUNKS (CK + CV + 1 + CB)
+#define STAGE_BYTES (CHUNKS * 512)
+#define WARP_BYTES (STAGES * STAGE_BYTES)
+static_assert(WARP_BYTES >= (16 + 8 * (D + 1)) * 4, "a warp's ring must hold its partial result");
+
+__device__ __forceinline__ void cp16(u32 dst, const u8* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp8(u32 dst, const u8* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp4(u32 dst, const u8* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+__device__ __forceinline__ void lds128(u32 a, u32* r) {
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+}
+__device__ __forceinline__ void lds64(u32 a, u32* r) {
+    asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(a) : "memory");
+}
+__device__ __forceinline__ u32 lds32(u32 a) {
+    u32 r;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(r) : "r"(a) : "memory");
+    return r;
+}
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    u32 r;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+    return r;
+}
+#endif
+
+// Byte offsets of this lane's first element of each section inside a page (computed once: the
+// per-page address work is then one 64-bit add per section).
+struct LaneOffsets {
+    u32 k, ks, kbs, v, vs, vbs;
+};
+
+__device__ __forceinline__ LaneOffsets lane_offsets(int h, int gi, int ci, i64 k_data, i64 k_s, i64 k_bs, i64 k_gs,
+                                                    i64 v_data, i64 v_s, i64 v_bs, i64 v_gs) {
+    LaneOffsets o;
+#if KELEM == 1
+    o.k = (u32)(k_data + h * P * D + gi * D + 16 * ci);
+    o.kbs = 0;
+    o.ks = (u32)(KGRAN == 1 ? k_s + (h * P + gi) * 4 : (KGRAN == 2 ? k_s + h * 4 : 0));
+#else
+    o.k = (u32)(k_data + h * P * (D / 2) + gi * (D / 2) + ci * (D / 8));
+    o.kbs = (u32)(k_bs + (h * P + gi) * (D / 16) + ci * (D / 64));
+    o.ks = (u32)(k_gs + h * 4);
+#endif
+#if VELEM == 1
+    o.v = (u32)(v_data + h * P * D + ci * D + gi * VB);
+    o.vbs = 0;
+    o.vs = (u32)(VGRAN == 1 ? v_s + (h * P + gi) * 4 : (VGRAN == 2 ? v_s + h * 4 : 0));
+#else
+    o.v = (u32)(v_data + h * P * (D / 2) + ci * (D / 2) + gi * (VB / 2));
+    o.vbs = (u32)(v_bs + (h * P + ci) * (D / 16) + gi * VB / 16);
+    o.vs = (u32)(v_gs + h * 4);
+#endif
+    return o;
+}
+
+__device__ __forceinline__ void load_page(PageRegs& r, const u8* page, const LaneOffsets& o) {
+#if KELEM == 1
+    const u8* kb = page + o.k;
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr)
 #pragma unroll
-        for (int j = 0; j < D / 64; ++j) ld16(kb + (gi + 8 * rr) * D + 64 * j + 16 * ci, &r.k[rr][4 * j]);
+        for (int j = 0; j < D / 64; ++j) ld16(kb + rr * 8 * D + 64 * j, &r.k[rr][4 * j]);
 #if KGRAN == 1
-    r.ks[0] = ldf(page + k_s + ((i64)h * P + gi) * 4);
-    r.ks[1] = ldf(page + k_s + ((i64)h * P + gi + 8) * 4);
+    r.ks[0] = ldf(page + o.ks);
+    r.ks[1] = ldf(page + o.ks + 32);
 #elif KGRAN == 2
-    r.ks[0] = r.ks[1] = ldf(page + k_s + (i64)h * 4);
+    r.ks[0] = r.ks[1] = ldf(page + o.ks);
 #endif
 #else
-    const u8* kb = page + k_data + (i64)h * P * (D / 2);
+    const u8* kb = page + o.k;
+    const u8* bs = page + o.kbs;
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
-        const u8* row = kb + (gi + 8 * rr) * (D / 2) + ci * (D / 8);
-        if (D == 128) ld16(row, r.k[rr]); else ld8(row, r.k[rr]);
-        const u8* bs = page + k_bs + ((i64)h * P + gi + 8 * rr) * (D / 16) + ci * (D / 64);
-        r.kbs[rr] = ldb(bs) | (D == 128 ? ldb(bs + 1) << 8 : 0u);
+        if (D == 128) ld16(kb + rr * 8 * (D / 2), r.k[rr]); else ld8(kb + rr * 8 * (D / 2), r.k[rr]);
+        const u8* b = bs + rr * 8 * (D / 16);
+        r.kbs[rr] = ldb(b) | (D == 128 ? ldb(b + 1) << 8 : 0u);
     }
-    r.ks[0] = r.ks[1] = ldf(page + k_gs + (i64)h * 4);
+    r.ks[0] = r.ks[1] = ldf(page + o.ks);
 #endif
 #if VELEM == 1
-    const u8* vb = page + v_data + (i64)h * P * D;
+    const u8* vb = page + o.v;
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
-        const u8* row = vb + (ci + 4 * t) * D + gi * VB;
-        if (D == 128) ld16(row, r.v[t]); else ld8(row, r.v[t]);
+        if (D == 128) ld16(vb + 4 * t * D, r.v[t]); else ld8(vb + 4 * t * D, r.v[t]);
     }
 #if VGRAN == 1
-    r.vs[0] = ldf(page + v_s + ((i64)h * P + gi) * 4);
-    r.vs[1] = ldf(page + v_s + ((i64)h * P + gi + 8) * 4);
+    r.vs[0] = ldf(page + o.vs);
+    r.vs[1] = ldf(page + o.vs + 32);
 #elif VGRAN == 2
-    r.vs[0] = r.vs[1] = ldf(page + v_s + (i64)h * 4);
+    r.vs[0] = r.vs[1] = ldf(page + o.vs);
 #endif
 #else
-    const u8* vb = page + v_data + (i64)h * P * (D / 2);
+    const u8* vb = page + o.v;
+    const u8* vbs = page + o.vbs;
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
-        const u8* row = vb + (ci + 4 * t) * (D / 2) + gi * (VB / 2);
-        if (D == 128) ld8(row, r.v[t]); else r.v[t][0] = *(const u32*)row;
-        r.vbs[t] = ldb(page + v_bs + ((i64)h * P + ci + 4 * t) * (D / 16) + gi * VB / 16);
+        if (D == 128) ld8(vb + 4 * t * (D / 2), r.v[t]); else r.v[t][0] = *(const u32*)(vb + 4 * t * (D / 2));
+        r.vbs[t] = ldb(vbs + 4 * t * (D / 16));
     }
-    r.vs[0] = r.vs[1] = ldf(page + v_gs + (i64)h * 4);
+    r.vs[0] = r.vs[1] = ldf(page + o.vs);
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(NT) kvwire_decode_split(
+#if ASYNC
+// Start copying one page's bytes for this lane into stage ``st`` (shared address of its lane slot 0).
+__device__ __forceinline__ void issue_page(u32 st, const u8* page, const LaneOffsets& o) {
+#define SLOT(c) (st + (c) * 512)
+#if KELEM == 1
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr)
+#pragma unroll
+        for (int j = 0; j < D / 64; ++j) cp16(SLOT(rr * (D / 64) + j), page + o.k + rr * 8 * D + 64 * j);
+#else
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        if (D == 128) cp16(SLOT(rr), page + o.k + rr * 8 * (D / 2)); else cp8(SLOT(0) + 8 * rr, page + o.k + rr * 8 * (D / 2));
+        cp4(SLOT(CK + CV + 1) + 4 * rr, page + ((o.kbs + rr * 8 * (D / 16)) & ~3u));
+    }
+#endif
+#if VELEM == 1
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+        if (D == 128) cp16(SLOT(CK + t), page + o.v + 4 * t * D); else cp8(SLOT(CK + t / 2) + 8 * (t % 2), page + o.v + 4 * t * D);
+    }
+#else
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+        if (D == 128) cp8(SLOT(CK + t / 2) + 8 * (t % 2), page + o.v + 4 * t * (D / 2));
+        else cp4(SLOT(CK) + 4 * t, page + o.v + 4 * t * (D / 2));
+        cp4(SLOT(CK + CV + 1 + (t + 2) / 4) + 4 * ((t + 2) % 4), page + ((o.vbs + 4 * t * (D / 16)) & ~3u));
+    }
+#endif
+#if KGRAN == 1
+    cp4(SLOT(CK + CV), page + o.ks);
+    cp4(SLOT(CK + CV) + 4, page + o.ks + 32);
+#elif KGRAN == 2 || KELEM == 2
+    cp4(SLOT(CK + CV), page + o.ks);
+#endif
+#if VGRAN == 1
+    cp4(SLOT(CK + CV) + 8, page + o.vs);
+    cp4(SLOT(CK + CV) + 12, page + o.vs + 32);
+#elif VGRAN == 2 || VELEM == 2
+    cp4(SLOT(CK + CV) + 8, page + o.vs);
+#endif
+}
+
+// The page in stage ``st`` -> fragment registers (the same PageRegs the direct-load path fills).
+__device__ __forceinline__ void read_page(PageRegs& r, u32 st, const LaneOffsets& o) {
+#if KELEM == 1
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr)
+#pragma unroll
+        for (int j = 0; j < D / 64; ++j) lds128(SLOT(rr * (D / 64) + j), &r.k[rr][4 * j]);
+#else
+    const u32 ksh = (o.kbs & 3u) * 8;
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        if (D == 128) lds128(SLOT(rr), r.k[rr]); else lds64(SLOT(0) + 8 * rr, r.k[rr]);
+        r.kbs[rr] = lds32(SLOT(CK + CV + 1) + 4 * rr) >> ksh;
+    }
+#endif
+#if VELEM == 1
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+        if (D == 128) lds128(SLOT(CK + t), r.v[t]); else lds64(SLOT(CK + t / 2) + 8 * (t % 2), r.v[t]);
+    }
+#else
+    const u32 vsh = (o.vbs & 3u) * 8;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+        if (D == 128) lds64(SLOT(CK + t / 2) + 8 * (t % 2), r.v[t]); else r.v[t][0] = lds32(SLOT(CK) + 4 * t);
+        r.vbs[t] = (lds32(SLOT(CK + CV + 1 + (t + 2) / 4) + 4 * ((t + 2) % 4)) >> vsh) & 0xffu;
+    }
+#endif
+    u32 sc[4];
+    lds128(SLOT(CK + CV), sc);
+    r.ks[0] = __uint_as_float_(sc[0]);
+    r.ks[1] = (KGRAN == 1) ? __uint_as_float_(sc[1]) : r.ks[0];
+    r.vs[0] = __uint_as_float_(sc[2]);
+    r.vs[1] = (VGRAN == 1) ? __uint_as_float_(sc[3]) : r.vs[0];
+#undef SLOT
+}
+#endif
+
+struct SoftmaxState {
+    float m0, m1;                    // running max of heads 2ci, 2ci+1 (log2 units)
+    float l0, l1;                    // this lane's share of the softmax sums
+    float acc[MTILES][4];            // O^T fragments, in units of 1/vinv when value scales ride on P
+    float vinv;                      // 0 until the first page sets the value reference
+};
+
+// One page (16 tokens) of one warp: scores, online softmax, P.V. ``cur`` holds the page's registers.
+__device__ __forceinline__ void attend_page(const PageRegs& cur, const u32 (&qf)[KSTEPS][2], float cscale,
+                                            int gi, int ci, SoftmaxState& st) {
+    // ---- scores S^T[tok gi / gi+8, head 2ci / 2ci+1] ----
+    float s[4] = {0.f, 0.f, 0.f, 0.f};
+    float s2[4] = {0.f, 0.f, 0.f, 0.f};            // second accumulator: two shorter MMA chains
+#if KELEM == 1
+#pragma unroll
+    for (int kt = 0; kt < KSTEPS; ++kt) {
+        const u32 w0 = cur.k[0][kt], w1 = cur.k[1][kt];
+        mma16816((kt & 1) ? s2 : s, e4m3x2_lo(w0), e4m3x2_lo(w1), e4m3x2_hi(w0), e4m3x2_hi(w1), qf[kt][0], qf[kt][1]);
+    }
+#else
+#pragma unroll
+    for (int w = 0; w < KWORDS; ++w) {
+        const int sh = (D == 128) ? 8 * (w / 2) : 0;
+        const u32 bs0 = e4m3x2_lo(((cur.kbs[0] >> sh) & 0xffu) * 0x0101u);
+        const u32 bs1 = e4m3x2_lo(((cur.kbs[1] >> sh) & 0xffu) * 0x0101u);
+        const u32 L0 = e2m1_lo_to_e4m3(cur.k[0][w]), H0 = e2m1_hi_to_e4m3(cur.k[0][w]);
+        const u32 L1 = e2m1_lo_to_e4m3(cur.k[1][w]), H1 = e2m1_hi_to_e4m3(cur.k[1][w]);
+        mma16816(s, hmul2(e4m3x2_lo(L0), bs0), hmul2(e4m3x2_lo(L1), bs1),
+                 hmul2(e4m3x2_lo(H0), bs0), hmul2(e4m3x2_lo(H1), bs1), qf[2 * w][0], qf[2 * w][1]);
+        mma16816(s2, hmul2(e4m3x2_hi(L0), bs0), hmul2(e4m3x2_hi(L1), bs1),
+                 hmul2(e4m3x2_hi(H0), bs0), hmul2(e4m3x2_hi(H1), bs1), qf[2 * w + 1][0], qf[2 * w + 1][1]);
+    }
+#endif
+#pragma unroll
+    for (int i = 0; i < 4; ++i) s[i] += s2[i];
+#if KGRAN == 1 || KGRAN == 2 || KELEM == 2
+    s[0] *= cscale * cur.ks[0]; s[1] *= cscale * cur.ks[0];
+    s[2] *= cscale * cur.ks[1]; s[3] *= cscale * cur.ks[1];
+#else
+    s[0] *= cscale; s[1] *= cscale; s[2] *= cscale; s[3] *= cscale;
+#endif
+    // ---- online softmax over the page's 16 tokens, per head ----
+    float pm0 = fmx(s[0], s[2]), pm1 = fmx(s[1], s[3]);
+#pragma unroll
+    for (int x = 4; x < 32; x <<= 1) { pm0 = fmx(pm0, shfl_xor(pm0, x)); pm1 = fmx(pm1, shfl_xor(pm1, x)); }
+    const float mn0 = fmx(st.m0, pm0), mn1 = fmx(st.m1, pm1);
+    if (any_sync(mn0 > st.m0 || mn1 > st.m1)) {
+        const float a0 = ex2(st.m0 - mn0), a1 = ex2(st.m1 - mn1);
+        st.l0 *= a0; st.l1 *= a1;
+#pragma unroll
+        for (int i = 0; i < MTILES; ++i) { st.acc[i][0] *= a0; st.acc[i][1] *= a1; st.acc[i][2] *= a0; st.acc[i][3] *= a1; }
+        st.m0 = mn0; st.m1 = mn1;
+    }
+    float p0 = ex2(s[0] - st.m0), p1v = ex2(s[1] - st.m1), p2 = ex2(s[2] - st.m0), p3 = ex2(s[3] - st.m1);
+    st.l0 += p0 + p2; st.l1 += p1v + p3;
+#if VGRAN == 1 || VGRAN == 2 || VELEM == 2
+    {   // value scales ride on P, relative to a warp reference kept within 2^+-10 (f16 range)
+        float x0 = cur.vs[0] * st.vinv, x1 = cur.vs[1] * st.vinv;
+        const bool bad = !(x0 >= 9.765625e-4f && x0 <= 1024.0f) || !(x1 >= 9.765625e-4f && x1 <= 1024.0f);
+        if (any_sync(bad)) {
+            float vm = fmx(cur.vs[0], cur.vs[1]);
+#pragma unroll
+            for (int x = 4; x < 32; x <<= 1) vm = fmx(vm, shfl_xor(vm, x));
+            const float ninv = vm > 0.f ? 1.0f / vm : (st.vinv > 0.f ? st.vinv : 1.0f);
+            const float ratio = st.vinv > 0.f ? ninv / st.vinv : 0.f;
+#pragma unroll
+            for (int i = 0; i < MTILES; ++i) { st.acc[i][0] *= ratio; st.acc[i][1] *= ratio; st.acc[i][2] *= ratio; st.acc[i][3] *= ratio; }
+            st.vinv = ninv;
+            x0 = cur.vs[0] * st.vinv; x1 = cur.vs[1] * st.vinv;
+        }
+        p0 *= x0; p1v *= x0; p2 *= x1; p3 *= x1;
+    }
+#endif
+    // ---- P^T as the B operand: lane (gi, ci) needs head gi, tokens (ci, ci+8) and (ci+4, ci+12)
+    const u32 X0 = pack_f16x2(p0, p2), X1 = pack_f16x2(p1v, p3);   // head 2ci / 2ci+1: tokens gi, gi+8
+    const int srcA = 4 * ci + (gi >> 1), srcB = srcA + 16;
+    const u32 a0x = shfl_idx(X0, srcA), a1x = shfl_idx(X1, srcA);
+    const u32 b0x = shfl_idx(X0, srcB), b1x = shfl_idx(X1, srcB);
+    const u32 pb0 = (gi & 1) ? a1x : a0x, pb1 = (gi & 1) ? b1x : b0x;
+    // ---- O^T += V^T . P^T ----
+#if VELEM == 1
+#pragma unroll
+    for (int i = 0; i < MTILES; ++i) {
+        const int w = i / 2;
+        const u32 sel = (i & 1) ? 0x7362u : 0x5140u;
+        const u32 lo = prmt(cur.v[0][w], cur.v[2][w], sel);    // tokens ci, ci+8
+        const u32 hi = prmt(cur.v[1][w], cur.v[3][w], sel);    // tokens ci+4, ci+12
+        mma16816(st.acc[i], e4m3x2_lo(lo), e4m3x2_hi(lo), e4m3x2_lo(hi), e4m3x2_hi(hi), pb0, pb1);
+    }
+#else
+    const u32 vsA = e4m3x2_lo(cur.vbs[0] | (cur.vbs[2] << 8));     // block scales of tokens ci, ci+8
+    const u32 vsB = e4m3x2_lo(cur.vbs[1] | (cur.vbs[3] << 8));     // tokens ci+4, ci+12
+#pragma unroll
+    for (int wq = 0; wq < VWORDS; ++wq) {
+        const u32 La = e2m1_lo_to_e4m3(cur.v[0][wq]), Ha = e2m1_hi_to_e4m3(cur.v[0][wq]);
+        const u32 Lb = e2m1_lo_to_e4m3(cur.v[1][wq]), Hb = e2m1_hi_to_e4m3(cur.v[1][wq]);
+        const u32 Lc = e2m1_lo_to_e4m3(cur.v[2][wq]), Hc = e2m1_hi_to_e4m3(cur.v[2][wq]);
+        const u32 Ld = e2m1_lo_to_e4m3(cur.v[3][wq]), Hd = e2m1_hi_to_e4m3(cur.v[3][wq]);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const u32 sel = half ? 0x7362u : 0x5140u;
+            const u32 lA = prmt(La, Lc, sel), hA = prmt(Ha, Hc, sel);    // tokens ci, ci+8
+            const u32 lB = prmt(Lb, Ld, sel), hB = prmt(Hb, Hd, sel);    // tokens ci+4, ci+12
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int i = 4 * wq + 2 * half + e;                      // even d = 8wq + 2(2half+e)
+                const u32 A0 = e ? e4m3x2_hi(lA) : e4m3x2_lo(lA);
+                const u32 A1 = e ? e4m3x2_hi(hA) : e4m3x2_lo(hA);
+                const u32 A2 = e ? e4m3x2_hi(lB) : e4m3x2_lo(lB);
+                const u32 A3 = e ? e4m3x2_hi(hB) : e4m3x2_lo(hB);
+                mma16816(st.acc[i], hmul2(A0, vsA), hmul2(A1, vsA), hmul2(A2, vsB), hmul2(A3, vsB), pb0, pb1);
+            }
+        }
+    }
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
     const void* __restrict__ q_ptr, i64 sq_b, i64 sq_h,
     const u8* __restrict__ storage, i64 page_bytes,
     const int* __restrict__ page_table, i64 spt_b, const int* __restrict__ num_pages,
     const float* __restrict__ statics, int layer,
     float* __restrict__ part_acc, float* __restrict__ part_m, float* __restrict__ part_l,
     int num_splits, float qk_scale,
-    i64 k_data, i64 k_s, i64 k_bs, i64 k_gs, i64 v_data, i64 v_s, i64 v_bs, i64 v_gs) {
+    i64 k_data, i64 k_s, i64 k_bs, i64 k_gs, i64 v_data, i64 v_s, i64 v_bs, i64 v_gs, int smem_bytes) {
+#if ASYNC
+    extern __shared__ __align__(16) u8 dyn_smem[];
+    // after the loop each warp's ring holds its partial: m[8], l[8], acc[8][D + 1] (fp32)
+#define SM_M(w, j) (((float*)(dyn_smem + (w) * WARP_BYTES))[j])
+#define SM_L(w, j) (((float*)(dyn_smem + (w) * WARP_BYTES))[8 + (j)])
+#define SM_ACC(w, j, d) (((float*)(dyn_smem + (w) * WARP_BYTES))[16 + (j) * (D + 1) + (d)])
+    if (smem_bytes < NW * WARP_BYTES) asm volatile("trap;");
+#else
     __shared__ float sm_m[NW][8];
     __shared__ float sm_l[NW][8];
     __shared__ float sm_acc[NW][8][D + 1];
+#define SM_M(w, j) sm_m[w][j]
+#define SM_L(w, j) sm_l[w][j]
+#define SM_ACC(w, j, d) sm_acc[w][j][d]
+#endif
 
     const int pid_s = blockIdx.x;
     const int pid_bh = blockIdx.y;
@@ -260,157 +564,84 @@ extern "C" __global__ void __launch_bounds__(NT) kvwire_decode_split(
         }
     }
 
-    float m0 = -1.0e30f, m1 = -1.0e30f;                 // running max of heads 2ci, 2ci+1 (log2 units)
-    float l0 = 0.f, l1 = 0.f;                           // this lane's share of the softmax sums
-    float acc[MTILES][4];
+    SoftmaxState st;
+    st.m0 = st.m1 = -1.0e30f;
+    st.l0 = st.l1 = 0.f;
+    st.vinv = 0.f;
 #pragma unroll
-    for (int i = 0; i < MTILES; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-#if VGRAN == 1 || VGRAN == 2 || VELEM == 2
-    float vinv = 0.f;                                   // acc is in units of 1/vinv (0: not set yet)
-#endif
-
+    for (int i = 0; i < MTILES; ++i) st.acc[i][0] = st.acc[i][1] = st.acc[i][2] = st.acc[i][3] = 0.f;
     const int* pt = page_table + (i64)b * spt_b;
     const int first = p0 + warp;
-    PageRegs cur;
-    if (first < p1) {
-        const u8* page = storage + (i64)pt[first] * page_bytes;
-        load_page(cur, page, h, gi, ci, k_data, k_s, k_bs, k_gs, v_data, v_s, v_bs, v_gs);
+    const LaneOffsets off = lane_offsets(h, gi, ci, k_data, k_s, k_bs, k_gs, v_data, v_s, v_bs, v_gs);
+#if ASYNC
+    const u32 ring = smem_addr(dyn_smem) + warp * WARP_BYTES + lane * 16;   // this lane's slot 0, stage 0
+#pragma unroll
+    for (int k = 0; k < STAGES - 1; ++k) {
+        const int pg = first + k * NW;
+        if (pg < p1) issue_page(ring + k * STAGE_BYTES, storage + (i64)pt[pg] * page_bytes, off);
+        cp_commit();
     }
+    int ahead = first + (STAGES - 1) * NW;                 // next page to issue, and its id (read early)
+    int ahead_id = ahead < p1 ? pt[ahead] : 0;
+    int slot = 0;
     for (int pg = first; pg < p1; pg += NW) {
-        PageRegs nxt;
-        if (pg + NW < p1) {
-            const u8* page = storage + (i64)pt[pg + NW] * page_bytes;
-            load_page(nxt, page, h, gi, ci, k_data, k_s, k_bs, k_gs, v_data, v_s, v_bs, v_gs);
-        }
-        // ---- scores S^T[tok gi / gi+8, head 2ci / 2ci+1] ----
-        float s[4] = {0.f, 0.f, 0.f, 0.f};
-#if KELEM == 1
-#pragma unroll
-        for (int st = 0; st < KSTEPS; ++st) {
-            const u32 w0 = cur.k[0][st], w1 = cur.k[1][st];
-            mma16816(s, e4m3x2_lo(w0), e4m3x2_lo(w1), e4m3x2_hi(w0), e4m3x2_hi(w1), qf[st][0], qf[st][1]);
-        }
+        const int issue_slot = slot == 0 ? STAGES - 1 : slot - 1;
+        if (ahead < p1) issue_page(ring + issue_slot * STAGE_BYTES, storage + (i64)ahead_id * page_bytes, off);
+        cp_commit();
+        ahead += NW;
+        ahead_id = ahead < p1 ? pt[ahead] : 0;
+        asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 1) : "memory");
+        PageRegs cur;
+        read_page(cur, ring + slot * STAGE_BYTES, off);
+        attend_page(cur, qf, cscale, gi, ci, st);
+        slot = slot == STAGES - 1 ? 0 : slot + 1;
+    }
+    cp_wait_all();
+    asm volatile("bar.warp.sync 0xffffffff;" ::: "memory");   // the ring is reused for this warp's partial
 #else
+    PageRegs ring[DEPTH];            // DEPTH - 1 pages in flight while one is attended (unrolled: no copies)
 #pragma unroll
-        for (int w = 0; w < KWORDS; ++w) {
-            const int sh = (D == 128) ? 8 * (w / 2) : 0;
-            const u32 bs0 = e4m3x2_lo(((cur.kbs[0] >> sh) & 0xffu) * 0x0101u);
-            const u32 bs1 = e4m3x2_lo(((cur.kbs[1] >> sh) & 0xffu) * 0x0101u);
-            const u32 L0 = e2m1_lo_to_e4m3(cur.k[0][w]), H0 = e2m1_hi_to_e4m3(cur.k[0][w]);
-            const u32 L1 = e2m1_lo_to_e4m3(cur.k[1][w]), H1 = e2m1_hi_to_e4m3(cur.k[1][w]);
-            mma16816(s, hmul2(e4m3x2_lo(L0), bs0), hmul2(e4m3x2_lo(L1), bs1),
-                     hmul2(e4m3x2_lo(H0), bs0), hmul2(e4m3x2_lo(H1), bs1), qf[2 * w][0], qf[2 * w][1]);
-            mma16816(s, hmul2(e4m3x2_hi(L0), bs0), hmul2(e4m3x2_hi(L1), bs1),
-                     hmul2(e4m3x2_hi(H0), bs0), hmul2(e4m3x2_hi(H1), bs1), qf[2 * w + 1][0], qf[2 * w + 1][1]);
-        }
-#endif
-#if KGRAN == 1 || KGRAN == 2 || KELEM == 2
-        s[0] *= cscale * cur.ks[0]; s[1] *= cscale * cur.ks[0];
-        s[2] *= cscale * cur.ks[1]; s[3] *= cscale * cur.ks[1];
-#else
-        s[0] *= cscale; s[1] *= cscale; s[2] *= cscale; s[3] *= cscale;
-#endif
-        // ---- online softmax over the page's 16 tokens, per head ----
-        float pm0 = fmx(s[0], s[2]), pm1 = fmx(s[1], s[3]);
+    for (int k = 0; k < DEPTH - 1; ++k) {
+        const int pg = first + k * NW;
+        if (pg < p1) load_page(ring[k], storage + (i64)pt[pg] * page_bytes, off);
+    }
+    for (int base = first; base < p1; base += DEPTH * NW) {
 #pragma unroll
-        for (int x = 4; x < 32; x <<= 1) { pm0 = fmx(pm0, shfl_xor(pm0, x)); pm1 = fmx(pm1, shfl_xor(pm1, x)); }
-        const float mn0 = fmx(m0, pm0), mn1 = fmx(m1, pm1);
-        if (any_sync(mn0 > m0 || mn1 > m1)) {
-            const float a0 = ex2(m0 - mn0), a1 = ex2(m1 - mn1);
-            l0 *= a0; l1 *= a1;
-#pragma unroll
-            for (int i = 0; i < MTILES; ++i) { acc[i][0] *= a0; acc[i][1] *= a1; acc[i][2] *= a0; acc[i][3] *= a1; }
-            m0 = mn0; m1 = mn1;
-        }
-        float p0 = ex2(s[0] - m0), p1v = ex2(s[1] - m1), p2 = ex2(s[2] - m0), p3 = ex2(s[3] - m1);
-        l0 += p0 + p2; l1 += p1v + p3;
-#if VGRAN == 1 || VGRAN == 2 || VELEM == 2
-        {   // value scales ride on P, relative to a warp reference kept within 2^+-10 (f16 range)
-            float x0 = cur.vs[0] * vinv, x1 = cur.vs[1] * vinv;
-            const bool bad = !(x0 >= 9.765625e-4f && x0 <= 1024.0f) || !(x1 >= 9.765625e-4f && x1 <= 1024.0f);
-            if (any_sync(bad)) {
-                float vm = fmx(cur.vs[0], cur.vs[1]);
-#pragma unroll
-                for (int x = 4; x < 32; x <<= 1) vm = fmx(vm, shfl_xor(vm, x));
-                const float ninv = vm > 0.f ? 1.0f / vm : (vinv > 0.f ? vinv : 1.0f);
-                const float ratio = vinv > 0.f ? ninv / vinv : 0.f;
-#pragma unroll
-                for (int i = 0; i < MTILES; ++i) { acc[i][0] *= ratio; acc[i][1] *= ratio; acc[i][2] *= ratio; acc[i][3] *= ratio; }
-                vinv = ninv;
-                x0 = cur.vs[0] * vinv; x1 = cur.vs[1] * vinv;
-            }
-            p0 *= x0; p1v *= x0; p2 *= x1; p3 *= x1;
-        }
-#endif
-        // ---- P^T as the B operand: lane (gi, ci) needs head gi, tokens (ci, ci+8) and (ci+4, ci+12)
-        const u32 X0 = pack_f16x2(p0, p2), X1 = pack_f16x2(p1v, p3);   // head 2ci / 2ci+1: tokens gi, gi+8
-        const int srcA = 4 * ci + (gi >> 1), srcB = srcA + 16;
-        const u32 a0x = shfl_idx(X0, srcA), a1x = shfl_idx(X1, srcA);
-        const u32 b0x = shfl_idx(X0, srcB), b1x = shfl_idx(X1, srcB);
-        const u32 pb0 = (gi & 1) ? a1x : a0x, pb1 = (gi & 1) ? b1x : b0x;
-        // ---- O^T += V^T . P^T ----
-#if VELEM == 1
-#pragma unroll
-        for (int i = 0; i < MTILES; ++i) {
-            const int w = i / 2;
-            const u32 sel = (i & 1) ? 0x7362u : 0x5140u;
-            const u32 lo = prmt(cur.v[0][w], cur.v[2][w], sel);    // tokens ci, ci+8
-            const u32 hi = prmt(cur.v[1][w], cur.v[3][w], sel);    // tokens ci+4, ci+12
-            mma16816(acc[i], e4m3x2_lo(lo), e4m3x2_hi(lo), e4m3x2_lo(hi), e4m3x2_hi(hi), pb0, pb1);
-        }
-#else
-        const u32 vsA = e4m3x2_lo(cur.vbs[0] | (cur.vbs[2] << 8));     // block scales of tokens ci, ci+8
-        const u32 vsB = e4m3x2_lo(cur.vbs[1] | (cur.vbs[3] << 8));     // tokens ci+4, ci+12
-#pragma unroll
-        for (int wq = 0; wq < VWORDS; ++wq) {
-            const u32 La = e2m1_lo_to_e4m3(cur.v[0][wq]), Ha = e2m1_hi_to_e4m3(cur.v[0][wq]);
-            const u32 Lb = e2m1_lo_to_e4m3(cur.v[1][wq]), Hb = e2m1_hi_to_e4m3(cur.v[1][wq]);
-            const u32 Lc = e2m1_lo_to_e4m3(cur.v[2][wq]), Hc = e2m1_hi_to_e4m3(cur.v[2][wq]);
-            const u32 Ld = e2m1_lo_to_e4m3(cur.v[3][wq]), Hd = e2m1_hi_to_e4m3(cur.v[3][wq]);
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const u32 sel = half ? 0x7362u : 0x5140u;
-                const u32 lA = prmt(La, Lc, sel), hA = prmt(Ha, Hc, sel);    // tokens ci, ci+8
-                const u32 lB = prmt(Lb, Ld, sel), hB = prmt(Hb, Hd, sel);    // tokens ci+4, ci+12
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int i = 4 * wq + 2 * half + e;                      // even d = 8wq + 2(2half+e)
-                    const u32 A0 = e ? e4m3x2_hi(lA) : e4m3x2_lo(lA);
-                    const u32 A1 = e ? e4m3x2_hi(hA) : e4m3x2_lo(hA);
-                    const u32 A2 = e ? e4m3x2_hi(lB) : e4m3x2_lo(lB);
-                    const u32 A3 = e ? e4m3x2_hi(hB) : e4m3x2_lo(hB);
-                    mma16816(acc[i], hmul2(A0, vsA), hmul2(A1, vsA), hmul2(A2, vsB), hmul2(A3, vsB), pb0, pb1);
-                }
+        for (int k = 0; k < DEPTH; ++k) {
+            const int pg = base + k * NW;
+            if (pg < p1) {
+                const int pf = pg + (DEPTH - 1) * NW;
+                if (pf < p1) load_page(ring[(k + DEPTH - 1) % DEPTH], storage + (i64)pt[pf] * page_bytes, off);
+                attend_page(ring[k], qf, cscale, gi, ci, st);
             }
         }
-#endif
-        cur = nxt;
     }
 
+#endif
     // ---- this warp's partial: sums over lanes, value scales, then the block's merge ----
 #pragma unroll
-    for (int x = 4; x < 32; x <<= 1) { l0 += shfl_xor(l0, x); l1 += shfl_xor(l1, x); }
+    for (int x = 4; x < 32; x <<= 1) { st.l0 += shfl_xor(st.l0, x); st.l1 += shfl_xor(st.l1, x); }
     float vfac = 1.0f;
 #if VGRAN == 3
     vfac *= statics[(layer * 2 + 1) * H + h];
 #endif
 #if VGRAN == 1 || VGRAN == 2 || VELEM == 2
-    vfac *= vinv > 0.f ? 1.0f / vinv : 0.f;
+    vfac *= st.vinv > 0.f ? 1.0f / st.vinv : 0.f;
 #endif
 #if VELEM == 2
     vfac *= 64.0f;
 #endif
     if (gi == 0) {
-        sm_m[warp][2 * ci] = m0; sm_m[warp][2 * ci + 1] = m1;
-        sm_l[warp][2 * ci] = l0; sm_l[warp][2 * ci + 1] = l1;
+        SM_M(warp, 2 * ci) = st.m0; SM_M(warp, 2 * ci + 1) = st.m1;
+        SM_L(warp, 2 * ci) = st.l0; SM_L(warp, 2 * ci + 1) = st.l1;
     }
 #pragma unroll
     for (int i = 0; i < MTILES; ++i) {
         const int dg = gi * VB + 2 * i;                 // row gi of m-tile i; row gi+8 is dg + 1
-        sm_acc[warp][2 * ci][dg] = acc[i][0] * vfac;
-        sm_acc[warp][2 * ci + 1][dg] = acc[i][1] * vfac;
-        sm_acc[warp][2 * ci][dg + 1] = acc[i][2] * vfac;
-        sm_acc[warp][2 * ci + 1][dg + 1] = acc[i][3] * vfac;
+        SM_ACC(warp, 2 * ci, dg) = st.acc[i][0] * vfac;
+        SM_ACC(warp, 2 * ci + 1, dg) = st.acc[i][1] * vfac;
+        SM_ACC(warp, 2 * ci, dg + 1) = st.acc[i][2] * vfac;
+        SM_ACC(warp, 2 * ci + 1, dg + 1) = st.acc[i][3] * vfac;
     }
     block_sync();
     const i64 prow = ((i64)pid_bh * num_splits + pid_s) * G;
@@ -418,13 +649,13 @@ extern "C" __global__ void __launch_bounds__(NT) kvwire_decode_split(
         const int hd = idx / D, d = idx % D;
         float mx = -1.0e30f;
 #pragma unroll
-        for (int w = 0; w < NW; ++w) mx = fmx(mx, sm_m[w][hd]);
+        for (int w = 0; w < NW; ++w) mx = fmx(mx, SM_M(w, hd));
         float a = 0.f, l = 0.f;
 #pragma unroll
         for (int w = 0; w < NW; ++w) {
-            const float f = ex2(sm_m[w][hd] - mx);
-            a += sm_acc[w][hd][d] * f;
-            l += sm_l[w][hd] * f;
+            const float f = ex2(SM_M(w, hd) - mx);
+            a += SM_ACC(w, hd, d) * f;
+            l += SM_L(w, hd) * f;
         }
         part_acc[(prow + hd) * D + d] = a;
         if (d == 0) { part_m[prow + hd] = mx; part_l[prow + hd] = l; }

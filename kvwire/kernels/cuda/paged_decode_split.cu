@@ -360,7 +360,7 @@ __device__ __forceinline__ void read_page(PageRegs& r, u32 st, const LaneOffsets
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
         if (D == 128) lds64(SLOT(CK + t / 2) + 8 * (t % 2), r.v[t]); else r.v[t][0] = lds32(SLOT(CK) + 4 * t);
-        r.vbs[t] = (lds32(SLOT(CK + CV + 1 + (t + 2) / 4) + 4 * ((t + 2) % 4)) >> vsh) & 0xffu;
+        r.vbs[t] = lds32(SLOT(CK + CV + 1 + (t + 2) / 4) + 4 * ((t + 2) % 4)) >> vsh;   // low byte
     }
 #endif
     u32 sc[4];
@@ -395,9 +395,9 @@ __device__ __forceinline__ void attend_page(const PageRegs& cur, const u32 (&qf)
 #else
 #pragma unroll
     for (int w = 0; w < KWORDS; ++w) {
-        const int sh = (D == 128) ? 8 * (w / 2) : 0;
-        const u32 bs0 = e4m3x2_lo(((cur.kbs[0] >> sh) & 0xffu) * 0x0101u);
-        const u32 bs1 = e4m3x2_lo(((cur.kbs[1] >> sh) & 0xffu) * 0x0101u);
+        const u32 sel = (D == 128 && w >= 2) ? 0x1111u : 0x0000u;      // this word's block-scale byte, twice
+        const u32 bs0 = e4m3x2_lo(prmt(cur.kbs[0], 0u, sel));
+        const u32 bs1 = e4m3x2_lo(prmt(cur.kbs[1], 0u, sel));
         const u32 L0 = e2m1_lo_to_e4m3(cur.k[0][w]), H0 = e2m1_hi_to_e4m3(cur.k[0][w]);
         const u32 L1 = e2m1_lo_to_e4m3(cur.k[1][w]), H1 = e2m1_hi_to_e4m3(cur.k[1][w]);
         mma16816(s, hmul2(e4m3x2_lo(L0), bs0), hmul2(e4m3x2_lo(L1), bs1),
@@ -463,8 +463,8 @@ __device__ __forceinline__ void attend_page(const PageRegs& cur, const u32 (&qf)
         mma16816(st.acc[i], e4m3x2_lo(lo), e4m3x2_hi(lo), e4m3x2_lo(hi), e4m3x2_hi(hi), pb0, pb1);
     }
 #else
-    const u32 vsA = e4m3x2_lo(cur.vbs[0] | (cur.vbs[2] << 8));     // block scales of tokens ci, ci+8
-    const u32 vsB = e4m3x2_lo(cur.vbs[1] | (cur.vbs[3] << 8));     // tokens ci+4, ci+12
+    const u32 vsA = e4m3x2_lo(prmt(cur.vbs[0], cur.vbs[2], 0x0040u));   // block scales of tokens ci, ci+8
+    const u32 vsB = e4m3x2_lo(prmt(cur.vbs[1], cur.vbs[3], 0x0040u));   // tokens ci+4, ci+12
 #pragma unroll
     for (int wq = 0; wq < VWORDS; ++wq) {
         const u32 La = e2m1_lo_to_e4m3(cur.v[0][wq]), Ha = e2m1_hi_to_e4m3(cur.v[0][wq]);

@@ -103,7 +103,6 @@ class CudaKernel:
     module: ctypes.c_void_p
     num_regs: int
     _occupancy: dict = field(default_factory=dict)
-    _shared_allowed: int = 48 * 1024
 
     def blocks_per_sm(self, block_threads: int, shared_bytes: int = 0) -> int:
         """How many blocks of ``block_threads`` fit on one SM at once (registers, shared memory)."""
@@ -115,12 +114,6 @@ class CudaKernel:
             ctypes.byref(n), self.function, block_threads, ctypes.c_size_t(shared_bytes)), "occupancy")
         self._occupancy[key] = n.value
         return n.value
-
-    def allow_shared(self, nbytes: int) -> None:
-        """Let launches use ``nbytes`` of dynamic shared memory (needed above 48 KiB)."""
-        if nbytes > self._shared_allowed:
-            _check_cu(_load_cuda().cuFuncSetAttribute(self.function, 8, nbytes), "set max dynamic shared memory")
-            self._shared_allowed = nbytes
 
     def launch(self, grid: tuple[int, int, int], block: tuple[int, int, int], args: list,
                shared_bytes: int = 0) -> None:

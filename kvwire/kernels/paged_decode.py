@@ -302,8 +302,7 @@ def paged_decode_attention(q: torch.Tensor, storage: torch.Tensor, page_format: 
     splits = num_splits or cfg["num_splits"]
     if cuda_split and not num_splits:
         kern = paged_decode_cuda.kernel_for(f, hq, q.dtype, dev)
-        splits = paged_decode_cuda.default_splits(kern, bsz, f.num_kv_heads, page_table.shape[1], dev,
-                                                  smem=paged_decode_cuda.shared_bytes(f))
+        splits = paged_decode_cuda.default_splits(kern, bsz, f.num_kv_heads, page_table.shape[1], dev)
     bn = block_n or cfg["block_n"]
     nw = num_warps or cfg["num_warps"]
     ns = num_stages or cfg["num_stages"]

@@ -22,24 +22,11 @@ from kvwire.kernels.nvrtc import CudaKernel, NvrtcUnavailableError, load_kernel
 
 NUM_WARPS = 4
 MIN_PAGES_PER_WARP = 8
-# Compile-time tuning of the kernel (see the .cu header): pages in flight per warp + 1, and the
-# minimum resident blocks per SM handed to __launch_bounds__. Benchmarks may override entries.
-TUNING: dict[str, int] = {"DEPTH": 2, "MINB": 1, "ASYNC": 0, "STAGES": 4}
+# Compile-time tuning of the kernel (see the .cu source): DEPTH = pages held in registers per warp
+# (the one attended + those in flight), MINB = minimum resident blocks per SM for __launch_bounds__,
+# PREF = pages beyond those that are prefetched into L2. Benchmarks may override entries.
+TUNING: dict[str, int] = {"DEPTH": 2, "MINB": 1, "PREF": 0}
 
-
-def shared_bytes(page_format: PageFormat, num_warps: int = NUM_WARPS) -> int:
-    """Dynamic shared memory of a block on the cp.async path (mirrors CHUNKS in the .cu source)."""
-    if not TUNING.get("ASYNC"):
-        return 0
-    f, d = page_format, page_format.head_dim
-    k_fp8 = f.kv.key.element is ElementType.FP8
-    v_fp8 = f.kv.value.element is ElementType.FP8
-    ck = 2 * (d // 64) if k_fp8 else (2 if d == 128 else 1)
-    cv = (4 if d == 128 else 2) if v_fp8 else (2 if d == 128 else 1)
-    cb = 0 if k_fp8 and v_fp8 else 2
-    return num_warps * TUNING["STAGES"] * (ck + cv + 1 + cb) * 512
-SOURCE = "paged_decode_split.cu"
-KERNEL = "kvwire_decode_split"
 
 
 def _elem(fmt: TensorFormat) -> int:
@@ -78,7 +65,7 @@ def kernel_for(page_format: PageFormat, num_q_heads: int, q_dtype: torch.dtype,
 
 
 def default_splits(kernel: CudaKernel, batch: int, kv_heads: int, max_pages: int, device: torch.device,
-                   num_warps: int = NUM_WARPS, smem: int = 0) -> int:
+                   num_warps: int = NUM_WARPS) -> int:
     """Split count: the fewest splits whose blocks fill whole waves of the GPU best.
 
     A wave is (SMs x resident blocks per SM) blocks. Too few blocks leave SMs idle and a last,
@@ -86,7 +73,7 @@ def default_splits(kernel: CudaKernel, batch: int, kv_heads: int, max_pages: int
     maximises blocks / (waves x wave size); ties go to fewer splits (fewer partials to merge).
     """
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    wave = sms * max(1, kernel.blocks_per_sm(32 * num_warps, smem))
+    wave = sms * max(1, kernel.blocks_per_sm(32 * num_warps))
     rows = batch * kv_heads
     cap = max(1, -(-max_pages // (num_warps * MIN_PAGES_PER_WARP)))
     best, best_eff = 1, 0.0
@@ -118,10 +105,7 @@ def split_partials(q: torch.Tensor, storage: torch.Tensor, page_format: PageForm
             ptr(part_acc.data_ptr()), ptr(part_m.data_ptr()), ptr(part_l.data_ptr()),
             i32(splits), ctypes.c_float(qk_scale),
             *[i64(o) for o in kd], *[i64(o) for o in vd]]
-    smem = shared_bytes(f, num_warps)
-    args.append(i32(smem))
-    kern.allow_shared(smem)
-    kern.launch((splits, bsz * f.num_kv_heads, 1), (32 * num_warps, 1, 1), args, smem)
+    kern.launch((splits, bsz * f.num_kv_heads, 1), (32 * num_warps, 1, 1), args)
 
 
 __all__ = ["NvrtcUnavailableError", "default_splits", "kernel_for", "split_partials", "supports"]

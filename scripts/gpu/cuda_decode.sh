@@ -37,9 +37,7 @@ for b, ctx in shapes:
             pdc.TUNING.clear(); pdc.TUNING.update(base)
             pdc.TUNING.update({k: int(v) for k, v in (kv.split("=") for kv in var.split(","))})
             k = pdc.kernel_for(f, 32, prob.args[0].dtype, prob.args[0].device)
-            smem = pdc.shared_bytes(f)
-            k.allow_shared(smem)
-            dflt = pdc.default_splits(k, b, 8, prob.args[4].shape[1], prob.args[0].device, smem=smem)
+            dflt = pdc.default_splits(k, b, 8, prob.args[4].shape[1], prob.args[0].device)
             res = []
             for s in splits:
                 s = s or dflt
@@ -47,7 +45,7 @@ for b, ctx in shapes:
                 fns[0](); torch.cuda.synchronize()
                 ms = time_graph(fns, 10)
                 res.append(f"{s}:{ms:.4f}({nbytes / ms / 1e9:.2f}TB/s)")
-            print(f"{b}x{ctx} {name:16s} {var:16s} regs={k.num_regs} blocks/SM={k.blocks_per_sm(128, smem)} "
+            print(f"{b}x{ctx} {name:16s} {var:16s} regs={k.num_regs} blocks/SM={k.blocks_per_sm(128)} "
                   f"default={dflt} " + " ".join(res), flush=True)
         del probs, prob; torch.cuda.empty_cache()
 pdc.TUNING.clear(); pdc.TUNING.update(base)

@@ -30,11 +30,8 @@
 #ifndef DEPTH
 #define DEPTH 2
 #endif
-#ifndef ASYNC
-#define ASYNC 0
-#endif
-#ifndef STAGES
-#define STAGES 4
+#ifndef PREF
+#define PREF 0
 #endif
 #ifndef MINB
 #define MINB 1
@@ -132,11 +129,6 @@ __device__ __forceinline__ float fmx(float a, float b) {
     return r;
 }
 __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
-__device__ __forceinline__ float __uint_as_float_(u32 v) {
-    float r;
-    asm("mov.b32 %0, %1;" : "=f"(r) : "r"(v));
-    return r;
-}
 
 #if KELEM == 1
 #define KWORDS (D / 16)      // 32-bit words per K row per lane (D/4 bytes)
@@ -163,56 +155,6 @@ struct PageRegs {
     u32 vbs[4];              // E4M3 block scale of each V token's D/8 slice
 #endif
 };
-
-#if ASYNC
-// ---- cp.async path: each lane copies its own fragment bytes into its own shared-memory slots ----
-// Per warp a ring of STAGES pages; a stage is CHUNKS chunks of [32 lanes][16 bytes] (lane-major
-// 16-byte slots: conflict-free reads). Chunk order: K data, V data, scales [ks0 ks1 vs0 vs1],
-// then (NVFP4 only) block-scale words [kbs0 kbs1 vbs0 vbs1] [vbs2 vbs3 - -].
-#if KELEM == 1
-#define CK (2 * (D / 64))
-#else
-#define CK (D == 128 ? 2 : 1)
-#endif
-#if VELEM == 1
-#define CV (D == 128 ? 4 : 2)
-#else
-#define CV (D == 128 ? 2 : 1)
-#endif
-#define CB ((KELEM == 2 || VELEM == 2) ? 2 : 0)
-#define CHUNKS (CK + CV + 1 + CB)
-#define STAGE_BYTES (CHUNKS * 512)
-#define WARP_BYTES (STAGES * STAGE_BYTES)
-static_assert(WARP_BYTES >= (16 + 8 * (D + 1)) * 4, "a warp's ring must hold its partial result");
-
-__device__ __forceinline__ void cp16(u32 dst, const u8* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp8(u32 dst, const u8* src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp4(u32 dst, const u8* src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-__device__ __forceinline__ void lds128(u32 a, u32* r) {
-    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
-}
-__device__ __forceinline__ void lds64(u32 a, u32* r) {
-    asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(a) : "memory");
-}
-__device__ __forceinline__ u32 lds32(u32 a) {
-    u32 r;
-    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(r) : "r"(a) : "memory");
-    return r;
-}
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-    u32 r;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
-    return r;
-}
-#endif
 
 // Byte offsets of this lane's first element of each section inside a page (computed once: the
 // per-page address work is then one 64-bit add per section).
@@ -292,86 +234,24 @@ __device__ __forceinline__ void load_page(PageRegs& r, const u8* page, const Lan
 #endif
 }
 
-#if ASYNC
-// Start copying one page's bytes for this lane into stage ``st`` (shared address of its lane slot 0).
-__device__ __forceinline__ void issue_page(u32 st, const u8* page, const LaneOffsets& o) {
-#define SLOT(c) (st + (c) * 512)
-#if KELEM == 1
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr)
-#pragma unroll
-        for (int j = 0; j < D / 64; ++j) cp16(SLOT(rr * (D / 64) + j), page + o.k + rr * 8 * D + 64 * j);
-#else
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-        if (D == 128) cp16(SLOT(rr), page + o.k + rr * 8 * (D / 2)); else cp8(SLOT(0) + 8 * rr, page + o.k + rr * 8 * (D / 2));
-        cp4(SLOT(CK + CV + 1) + 4 * rr, page + ((o.kbs + rr * 8 * (D / 16)) & ~3u));
-    }
-#endif
-#if VELEM == 1
-#pragma unroll
-    for (int t = 0; t < 4; ++t) {
-        if (D == 128) cp16(SLOT(CK + t), page + o.v + 4 * t * D); else cp8(SLOT(CK + t / 2) + 8 * (t % 2), page + o.v + 4 * t * D);
-    }
-#else
-#pragma unroll
-    for (int t = 0; t < 4; ++t) {
-        if (D == 128) cp8(SLOT(CK + t / 2) + 8 * (t % 2), page + o.v + 4 * t * (D / 2));
-        else cp4(SLOT(CK) + 4 * t, page + o.v + 4 * t * (D / 2));
-        cp4(SLOT(CK + CV + 1 + (t + 2) / 4) + 4 * ((t + 2) % 4), page + ((o.vbs + 4 * t * (D / 16)) & ~3u));
-    }
-#endif
-#if KGRAN == 1
-    cp4(SLOT(CK + CV), page + o.ks);
-    cp4(SLOT(CK + CV) + 4, page + o.ks + 32);
-#elif KGRAN == 2 || KELEM == 2
-    cp4(SLOT(CK + CV), page + o.ks);
-#endif
-#if VGRAN == 1
-    cp4(SLOT(CK + CV) + 8, page + o.vs);
-    cp4(SLOT(CK + CV) + 12, page + o.vs + 32);
-#elif VGRAN == 2 || VELEM == 2
-    cp4(SLOT(CK + CV) + 8, page + o.vs);
-#endif
-}
+__device__ __forceinline__ void prefetch_l2(const u8* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
-// The page in stage ``st`` -> fragment registers (the same PageRegs the direct-load path fills).
-__device__ __forceinline__ void read_page(PageRegs& r, u32 st, const LaneOffsets& o) {
-#if KELEM == 1
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr)
-#pragma unroll
-        for (int j = 0; j < D / 64; ++j) lds128(SLOT(rr * (D / 64) + j), &r.k[rr][4 * j]);
-#else
-    const u32 ksh = (o.kbs & 3u) * 8;
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-        if (D == 128) lds128(SLOT(rr), r.k[rr]); else lds64(SLOT(0) + 8 * rr, r.k[rr]);
-        r.kbs[rr] = lds32(SLOT(CK + CV + 1) + 4 * rr) >> ksh;
+// The 128-byte line of a page this lane asks L2 for (-1: none): K data, V data, then the scale sections.
+__device__ __forceinline__ int prefetch_line(int h, int lane, i64 k_data, i64 k_s, i64 k_bs, i64 v_data, i64 v_s, i64 v_bs) {
+    const int kl = P * D * (KELEM == 1 ? 2 : 1) / 2 / 128;     // lines of one head's K data
+    const int vl = P * D * (VELEM == 1 ? 2 : 1) / 2 / 128;
+    if (lane < kl) return (int)(k_data + (i64)h * P * D * (KELEM == 1 ? 2 : 1) / 2 + lane * 128);
+    if (lane < kl + vl) return (int)(v_data + (i64)h * P * D * (VELEM == 1 ? 2 : 1) / 2 + (lane - kl) * 128);
+    if (lane == kl + vl) {
+        if (KGRAN == 1) return (int)(k_s + (i64)h * P * 4);
+        if (KELEM == 2) return (int)(k_bs + (i64)h * P * (D / 16));
     }
-#endif
-#if VELEM == 1
-#pragma unroll
-    for (int t = 0; t < 4; ++t) {
-        if (D == 128) lds128(SLOT(CK + t), r.v[t]); else lds64(SLOT(CK + t / 2) + 8 * (t % 2), r.v[t]);
+    if (lane == kl + vl + 1) {
+        if (VGRAN == 1) return (int)(v_s + (i64)h * P * 4);
+        if (VELEM == 2) return (int)(v_bs + (i64)h * P * (D / 16));
     }
-#else
-    const u32 vsh = (o.vbs & 3u) * 8;
-#pragma unroll
-    for (int t = 0; t < 4; ++t) {
-        if (D == 128) lds64(SLOT(CK + t / 2) + 8 * (t % 2), r.v[t]); else r.v[t][0] = lds32(SLOT(CK) + 4 * t);
-        r.vbs[t] = lds32(SLOT(CK + CV + 1 + (t + 2) / 4) + 4 * ((t + 2) % 4)) >> vsh;   // low byte
-    }
-#endif
-    u32 sc[4];
-    lds128(SLOT(CK + CV), sc);
-    r.ks[0] = __uint_as_float_(sc[0]);
-    r.ks[1] = (KGRAN == 1) ? __uint_as_float_(sc[1]) : r.ks[0];
-    r.vs[0] = __uint_as_float_(sc[2]);
-    r.vs[1] = (VGRAN == 1) ? __uint_as_float_(sc[3]) : r.vs[0];
-#undef SLOT
+    return -1;
 }
-#endif
 
 struct SoftmaxState {
     float m0, m1;                    // running max of heads 2ci, 2ci+1 (log2 units)
@@ -497,22 +377,13 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
     const float* __restrict__ statics, int layer,
     float* __restrict__ part_acc, float* __restrict__ part_m, float* __restrict__ part_l,
     int num_splits, float qk_scale,
-    i64 k_data, i64 k_s, i64 k_bs, i64 k_gs, i64 v_data, i64 v_s, i64 v_bs, i64 v_gs, int smem_bytes) {
-#if ASYNC
-    extern __shared__ __align__(16) u8 dyn_smem[];
-    // after the loop each warp's ring holds its partial: m[8], l[8], acc[8][D + 1] (fp32)
-#define SM_M(w, j) (((float*)(dyn_smem + (w) * WARP_BYTES))[j])
-#define SM_L(w, j) (((float*)(dyn_smem + (w) * WARP_BYTES))[8 + (j)])
-#define SM_ACC(w, j, d) (((float*)(dyn_smem + (w) * WARP_BYTES))[16 + (j) * (D + 1) + (d)])
-    if (smem_bytes < NW * WARP_BYTES) asm volatile("trap;");
-#else
+    i64 k_data, i64 k_s, i64 k_bs, i64 k_gs, i64 v_data, i64 v_s, i64 v_bs, i64 v_gs) {
     __shared__ float sm_m[NW][8];
     __shared__ float sm_l[NW][8];
     __shared__ float sm_acc[NW][8][D + 1];
 #define SM_M(w, j) sm_m[w][j]
 #define SM_L(w, j) sm_l[w][j]
 #define SM_ACC(w, j, d) sm_acc[w][j][d]
-#endif
 
     const int pid_s = blockIdx.x;
     const int pid_bh = blockIdx.y;
@@ -573,51 +444,43 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
     const int* pt = page_table + (i64)b * spt_b;
     const int first = p0 + warp;
     const LaneOffsets off = lane_offsets(h, gi, ci, k_data, k_s, k_bs, k_gs, v_data, v_s, v_bs, v_gs);
-#if ASYNC
-    const u32 ring = smem_addr(dyn_smem) + warp * WARP_BYTES + lane * 16;   // this lane's slot 0, stage 0
-#pragma unroll
-    for (int k = 0; k < STAGES - 1; ++k) {
-        const int pg = first + k * NW;
-        if (pg < p1) issue_page(ring + k * STAGE_BYTES, storage + (i64)pt[pg] * page_bytes, off);
-        cp_commit();
-    }
-    int ahead = first + (STAGES - 1) * NW;                 // next page to issue, and its id (read early)
-    int ahead_id = ahead < p1 ? pt[ahead] : 0;
-    int slot = 0;
-    for (int pg = first; pg < p1; pg += NW) {
-        const int issue_slot = slot == 0 ? STAGES - 1 : slot - 1;
-        if (ahead < p1) issue_page(ring + issue_slot * STAGE_BYTES, storage + (i64)ahead_id * page_bytes, off);
-        cp_commit();
-        ahead += NW;
-        ahead_id = ahead < p1 ? pt[ahead] : 0;
-        asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 1) : "memory");
-        PageRegs cur;
-        read_page(cur, ring + slot * STAGE_BYTES, off);
-        attend_page(cur, qf, cscale, gi, ci, st);
-        slot = slot == STAGES - 1 ? 0 : slot + 1;
-    }
-    cp_wait_all();
-    asm volatile("bar.warp.sync 0xffffffff;" ::: "memory");   // the ring is reused for this warp's partial
-#else
+    // Page ids are read one step before they are needed (a load whose address waits on an id
+    // would stall the warp for a whole L2 round trip on every page); PREF > 0 also asks L2 for
+    // the page PREF steps beyond the register ring (one 128-byte line per lane).
+    const int pf_line = prefetch_line(h, lane, k_data, k_s, k_bs, v_data, v_s, v_bs);
     PageRegs ring[DEPTH];            // DEPTH - 1 pages in flight while one is attended (unrolled: no copies)
 #pragma unroll
     for (int k = 0; k < DEPTH - 1; ++k) {
         const int pg = first + k * NW;
         if (pg < p1) load_page(ring[k], storage + (i64)pt[pg] * page_bytes, off);
     }
+    int id_ring = first + (DEPTH - 1) * NW < p1 ? pt[first + (DEPTH - 1) * NW] : 0;
+#if PREF > 0
+#pragma unroll
+    for (int k = 0; k < PREF; ++k) {
+        const int pg = first + (DEPTH - 1 + k) * NW;
+        if (pg < p1 && pf_line >= 0) prefetch_l2(storage + (i64)pt[pg] * page_bytes + pf_line);
+    }
+    int id_pref = first + (DEPTH - 1 + PREF) * NW < p1 ? pt[first + (DEPTH - 1 + PREF) * NW] : 0;
+#endif
     for (int base = first; base < p1; base += DEPTH * NW) {
 #pragma unroll
         for (int k = 0; k < DEPTH; ++k) {
             const int pg = base + k * NW;
             if (pg < p1) {
                 const int pf = pg + (DEPTH - 1) * NW;
-                if (pf < p1) load_page(ring[(k + DEPTH - 1) % DEPTH], storage + (i64)pt[pf] * page_bytes, off);
+                if (pf < p1) load_page(ring[(k + DEPTH - 1) % DEPTH], storage + (i64)id_ring * page_bytes, off);
+                id_ring = pf + NW < p1 ? pt[pf + NW] : 0;
+#if PREF > 0
+                const int pp = pf + PREF * NW;
+                if (pp < p1 && pf_line >= 0) prefetch_l2(storage + (i64)id_pref * page_bytes + pf_line);
+                id_pref = pp + NW < p1 ? pt[pp + NW] : 0;
+#endif
                 attend_page(ring[k], qf, cscale, gi, ci, st);
             }
         }
     }
 
-#endif
     // ---- this warp's partial: sums over lanes, value scales, then the block's merge ----
 #pragma unroll
     for (int x = 4; x < 32; x <<= 1) { st.l0 += shfl_xor(st.l0, x); st.l1 += shfl_xor(st.l1, x); }

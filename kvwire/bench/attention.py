@@ -237,13 +237,16 @@ def run(args) -> dict:
         sdpa_ms = min(sdpa.values())
         del kvs, kc, vc, qc
         torch.cuda.empty_cache()
+        timed: set[tuple[str, str]] = set()
         for name, backend in [(n, k) for n in formats for k in backends]:
             f = PageFormat(KVFormat.parse(name), p, 1, h, d)
             prob = build_problem(f, batch, context, hq, dev)
             kernel = _kernel_name(f, prob, backend)
-            if kernel is None:
-                print(f"{batch}x{_ctx(context)} {f.name}: the CUDA kernel does not cover it, skipped", flush=True)
+            if kernel is None or (f.name, kernel) in timed:
+                print(f"{batch}x{_ctx(context)} {f.name} {backend}: "
+                      f"{'not covered by the CUDA kernel' if kernel is None else 'already timed'}, skipped", flush=True)
                 continue
+            timed.add((f.name, kernel))
             nbytes = kv_bytes_read(f, prob.total_pages, prob.tail_tokens)
             probs = [prob] + [build_problem(f, batch, context, hq, dev, seed=i + 1)
                               for i in range(copies_for(nbytes) - 1)]
@@ -271,19 +274,28 @@ def run(args) -> dict:
                     row["dequant_sdpa_ms"] = None
             rows.append(row)
             print(_row_line(row), flush=True)
+            _write(args, _result(rows, copy, hq, h, d, p, t_start))       # a cut-short run keeps its rows
             del prob
             torch.cuda.empty_cache()
-    result = {
+    result = _result(rows, copy, hq, h, d, p, t_start)
+    _write(args, result)
+    return result
+
+
+def _result(rows: list, copy: dict, hq: int, h: int, d: int, p: int, t_start: float) -> dict:
+    return {
         "bench": "attention", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
         "triton": __import__("triton").__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "shape": {"num_q_heads": hq, "num_kv_heads": h, "head_dim": d, "page_size": p, "layers_timed": 1},
         "copy_bandwidth": copy, "rows": rows, "seconds": time.time() - t_start,
     }
+
+
+def _write(args, result: dict) -> None:
     out = getattr(args, "out", None)
     if out:
         with open(out, "w") as fh:
             json.dump(result, fh, indent=1)
-    return result
 
 
 def _kernel_name(f, prob: Problem, backend: str) -> str | None:

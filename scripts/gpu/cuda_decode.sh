@@ -12,7 +12,7 @@ FORMATS=${2:-fp8-tensor,fp8-token,nvfp4,fp8-token/nvfp4}
 SPLITS=${3:-"0"}
 VARIANTS=${4:-"DEPTH=2"}
 if [ -z "${SKIP_TESTS:-}" ]; then
-  python3 -m pytest -q -p no:cacheprovider -n ${TEST_WORKERS:-4} tests/kernels/test_gpu_cuda_decode.py 2>&1 | tee "$OUT/tests_cuda.txt" | tail -25
+  python3 -m pytest -q -p no:cacheprovider -n ${TEST_WORKERS:-4} tests/kernels/test_gpu_cuda_decode.py tests/kernels/test_gpu.py -k "decode or cuda" 2>&1 | tee "$OUT/tests_cuda.txt" | tail -25
 fi
 if [ -z "${SKIP_BENCH:-}" ]; then
   python3 -m kvwire.bench.attention --formats "$FORMATS" --shapes "$SHAPES" --backends cuda,triton \

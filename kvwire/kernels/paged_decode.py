@@ -28,7 +28,6 @@ and byte offsets are int64. On CPU tensors without TRITON_INTERPRET=1 the torch 
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
 import triton
@@ -297,12 +296,11 @@ def paged_decode_attention(q: torch.Tensor, storage: torch.Tensor, page_format: 
         return out
     hw = (not interpreting()) if _hw is None else _hw
     dev = storage.device
-    cuda_split = _use_cuda_split(backend, f, hq, q, hw and not packed)
+    cuda_kernel = paged_decode_cuda.select(backend, f, hq, q, hw and not packed)
     cfg = default_config(f, bsz, page_table.shape[1], dev, hq, packed)
     splits = num_splits or cfg["num_splits"]
-    if cuda_split and not num_splits:
-        kern = paged_decode_cuda.kernel_for(f, hq, q.dtype, dev)
-        splits = paged_decode_cuda.default_splits(kern, bsz, f.num_kv_heads, page_table.shape[1], dev)
+    if cuda_kernel is not None and not num_splits:
+        splits = paged_decode_cuda.default_splits(cuda_kernel, bsz, f.num_kv_heads, page_table.shape[1], dev)
     bn = block_n or cfg["block_n"]
     nw = num_warps or cfg["num_warps"]
     ns = num_stages or cfg["num_stages"]
@@ -320,8 +318,8 @@ def paged_decode_attention(q: torch.Tensor, storage: torch.Tensor, page_format: 
     part_l = torch.empty_like(part_m)
     qk_scale = LOG2E / math.sqrt(d)
     hp = heads_per_program(h, g) if packed else 1
-    if cuda_split:
-        paged_decode_cuda.split_partials(q, storage, f, layer, page_table, num_pages, static, part_acc,
+    if cuda_kernel is not None:
+        paged_decode_cuda.split_partials(cuda_kernel, q, storage, f, layer, page_table, num_pages, static, part_acc,
                                          part_m, part_l, splits, qk_scale, (kd, vd))
     elif hp > 1:
         _decode_split_packed_kernel[(splits, bsz * (h // hp))](
@@ -349,30 +347,6 @@ def paged_decode_attention(q: torch.Tensor, storage: torch.Tensor, page_format: 
         SB=min(64, pow2(splits)), num_warps=4,
     )
     return out
-
-
-_CUDA_BROKEN: list[str] = []
-
-
-def _use_cuda_split(backend: str, f: PageFormat, hq: int, q: torch.Tensor, eligible: bool) -> bool:
-    """Pick the CUDA split kernel: always for "cuda" (or raise), for "auto" where it applies."""
-    if backend == "triton":
-        return False
-    ok = eligible and paged_decode_cuda.supports(f, hq, q)
-    if backend == "cuda":
-        if not ok:
-            raise ValueError(f"the CUDA decode kernel does not cover format {f.name}, page size {f.page_size}, "
-                             f"head_dim {f.head_dim}, {hq} query heads, q {q.dtype} on {q.device}")
-        return True
-    if not ok or _CUDA_BROKEN:
-        return False
-    try:
-        paged_decode_cuda.kernel_for(f, hq, q.dtype, q.device)
-    except paged_decode_cuda.NvrtcUnavailableError as e:
-        _CUDA_BROKEN.append(str(e))
-        warnings.warn(f"paged decode falls back to Triton: {e}", RuntimeWarning, stacklevel=3)
-        return False
-    return True
 
 
 # ---- torch reference -----------------------------------------------------------------------------

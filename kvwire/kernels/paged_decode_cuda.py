@@ -14,10 +14,12 @@ Everything else, and CPU/interpreter runs, uses the Triton kernel or the torch r
 from __future__ import annotations
 
 import ctypes
+import warnings
 
 import torch
 
-from kvwire.formats import ElementType, Granularity, PageFormat, TensorFormat
+from kvwire.formats import ElementType, PageFormat
+from kvwire.kernels._common import elem_code, gran_code
 from kvwire.kernels.nvrtc import CudaKernel, NvrtcUnavailableError, load_kernel
 
 NUM_WARPS = 4
@@ -26,17 +28,8 @@ MIN_PAGES_PER_WARP = 8
 # (the one attended + those in flight), MINB = minimum resident blocks per SM for __launch_bounds__,
 # PREF = pages beyond those that are prefetched into L2. Benchmarks may override entries.
 TUNING: dict[str, int] = {"DEPTH": 2, "MINB": 1, "PREF": 0}
-
-
-
-def _elem(fmt: TensorFormat) -> int:
-    return {ElementType.FP8: 1, ElementType.NVFP4: 2}[fmt.element]
-
-
-def _gran(fmt: TensorFormat) -> int:
-    if fmt.element is not ElementType.FP8:
-        return 0
-    return {Granularity.TOKEN: 1, Granularity.PAGE: 2, Granularity.TENSOR: 3, Granularity.HEAD: 3}[fmt.granularity]
+# Why "auto" stopped trying the CUDA kernel in this process (NVRTC or the driver would not load).
+_UNAVAILABLE: list[str] = []
 
 
 def supports(page_format: PageFormat, num_q_heads: int, q: torch.Tensor) -> bool:
@@ -58,10 +51,36 @@ def kernel_for(page_format: PageFormat, num_q_heads: int, q_dtype: torch.dtype,
     f = page_format
     defines = {
         "H": f.num_kv_heads, "G": num_q_heads // f.num_kv_heads, "D": f.head_dim, "NW": num_warps,
-        "KELEM": _elem(f.kv.key), "KGRAN": _gran(f.kv.key), "VELEM": _elem(f.kv.value),
-        "VGRAN": _gran(f.kv.value), "QF32": int(q_dtype == torch.float32), **TUNING,
+        "KELEM": elem_code(f.kv.key), "KGRAN": gran_code(f.kv.key), "VELEM": elem_code(f.kv.value),
+        "VGRAN": gran_code(f.kv.value), "QF32": int(q_dtype == torch.float32), **TUNING,
     }
     return load_kernel(SOURCE, KERNEL, defines, device)
+
+
+def select(backend: str, page_format: PageFormat, num_q_heads: int, q: torch.Tensor,
+           eligible: bool) -> CudaKernel | None:
+    """The CUDA kernel to run for ``backend`` ("auto", "cuda", "triton"), or None for Triton.
+
+    "cuda" raises where the kernel does not apply; "auto" takes it where it applies and NVRTC
+    loads (once NVRTC has failed, "auto" warns once and stays on Triton for the process).
+    """
+    if backend == "triton":
+        return None
+    ok = eligible and supports(page_format, num_q_heads, q)
+    if backend == "cuda":
+        if not ok:
+            f = page_format
+            raise ValueError(f"the CUDA decode kernel does not cover format {f.name}, page size {f.page_size}, "
+                             f"head_dim {f.head_dim}, {num_q_heads} query heads, q {q.dtype} on {q.device}")
+        return kernel_for(page_format, num_q_heads, q.dtype, q.device)
+    if not ok or _UNAVAILABLE:
+        return None
+    try:
+        return kernel_for(page_format, num_q_heads, q.dtype, q.device)
+    except NvrtcUnavailableError as e:
+        _UNAVAILABLE.append(str(e))
+        warnings.warn(f"paged decode falls back to Triton: {e}", RuntimeWarning, stacklevel=3)
+        return None
 
 
 def default_splits(kernel: CudaKernel, batch: int, kv_heads: int, max_pages: int, device: torch.device,
@@ -85,17 +104,16 @@ def default_splits(kernel: CudaKernel, batch: int, kv_heads: int, max_pages: int
     return best
 
 
-def split_partials(q: torch.Tensor, storage: torch.Tensor, page_format: PageFormat, layer: int,
+def split_partials(kern: CudaKernel, q: torch.Tensor, storage: torch.Tensor, page_format: PageFormat, layer: int,
                    page_table: torch.Tensor, num_pages: torch.Tensor, static: torch.Tensor,
                    part_acc: torch.Tensor, part_m: torch.Tensor, part_l: torch.Tensor, splits: int,
                    qk_scale: float, offsets: tuple[tuple[int, ...], tuple[int, ...]],
                    num_warps: int = NUM_WARPS) -> None:
     """Fill the partials [B*H*splits*G, D] / [B*H*splits*G] exactly as the Triton split kernel does."""
     f = page_format
-    bsz, hq, _ = q.shape
+    bsz = q.shape[0]
     if page_table.dtype != torch.int32 or num_pages.dtype != torch.int32:
         raise ValueError("page_table and num_pages must be int32 for the CUDA kernel")
-    kern = kernel_for(f, hq, q.dtype, q.device, num_warps)
     i64, i32, ptr = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
     kd, vd = offsets
     args = [ptr(q.data_ptr()), i64(q.stride(0)), i64(q.stride(1)),
@@ -108,4 +126,4 @@ def split_partials(q: torch.Tensor, storage: torch.Tensor, page_format: PageForm
     kern.launch((splits, bsz * f.num_kv_heads, 1), (32 * num_warps, 1, 1), args)
 
 
-__all__ = ["NvrtcUnavailableError", "default_splits", "kernel_for", "split_partials", "supports"]
+__all__ = ["NvrtcUnavailableError", "default_splits", "kernel_for", "select", "split_partials", "supports"]

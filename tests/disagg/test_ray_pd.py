@@ -1,4 +1,5 @@
 """Prefill and decode Ray actors on 127.0.0.1, compact pages pulled over NIXL (UCX, DRAM)."""
+import os
 import time
 
 import pytest
@@ -21,6 +22,25 @@ def start_pair(fmt: str, tag: str, **kw):
     prefill = start_prefill_actor(WorkerConfig(f"prefill-{tag}", fmt, device="cpu", **kw))
     decode = start_decode_actor(WorkerConfig(f"decode-{tag}", fmt, device="cpu", **kw))
     return connect(prefill, decode)
+
+
+def kill_and_wait_gone(ray, actor, timeout: float = 30.0) -> None:
+    """Kill an actor and wait until its process has exited.
+
+    `ray.kill` returns before the process is gone; while it lingers its NIXL agent still serves
+    its pages, so a test of "the prefill worker died" must wait for the exit.
+    """
+    pid = ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))
+    ray.kill(actor)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"actor process {pid} still alive {timeout}s after ray.kill")
+        time.sleep(0.05)
 
 
 def wait_pages_free(ray, *actors, timeout: float = 10.0) -> list[dict]:
@@ -79,7 +99,7 @@ def test_bad_manifests_are_refused_and_dead_prefill_frees_decode(ray_cluster, sm
             ray.get(decode.admit.remote(blob, params))
         # A dead prefill worker: its manifest is valid, but its pages can no longer be pulled.
         blob = ray.get(prefill.prefill.remote("orphan", ids, params))
-        ray.kill(prefill)
+        kill_and_wait_gone(ray, prefill)
         with pytest.raises(ray.exceptions.RayTaskError, match="orphan.*failed|orphan.*ended"):
             ray.get(decode.admit.remote(blob, params))
         assert ray.get(decode.counters.remote())["pages_in_use"] == 0

@@ -180,6 +180,23 @@ def _sdpa_fns(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     }
 
 
+def time_sdpa(batch: int, context: int, hq: int, h: int, d: int, quick: bool = False,
+              device: str = "cuda") -> tuple[dict[str, float], dict[str, float]]:
+    """bf16 SDPA decode on contiguous K/V: (graph-timed ms, eager ms) per variant of ``_sdpa_fns``."""
+    gen = torch.Generator(device=device).manual_seed(1)
+    kvs = []
+    for _ in range(copies_for(2 * batch * h * context * d * 2)):
+        kc = torch.randn((batch, h, context, d), device=device, generator=gen).to(torch.bfloat16)
+        vc = torch.randn((batch, h, context, d), device=device, generator=gen).to(torch.bfloat16)
+        qc = torch.randn((batch, hq, d), device=device, generator=gen).to(torch.bfloat16)
+        kvs.append(_sdpa_fns(qc, kc, vc))
+    graph = {name: time_graph([fns[name] for fns in kvs], 10 if quick else 30) for name in kvs[0]}
+    eager = {name: time_fn(kvs[0][name], quick) for name in kvs[0]}
+    del kvs
+    torch.cuda.empty_cache()
+    return graph, eager
+
+
 def _dequant_then_sdpa(prob: Problem, page_format):
     """The unfused path: torch-reference dequantisation of every page, then bf16 SDPA."""
     import torch.nn.functional as F
@@ -224,19 +241,9 @@ def run(args) -> dict:
     bw = copy["tb_per_s"] * 1e12
     rows = []
     for batch, context in shapes:
-        gen = torch.Generator(device=dev).manual_seed(1)
         sdpa_bytes = 2 * batch * h * context * d * 2
-        kvs = []
-        for _ in range(copies_for(sdpa_bytes)):
-            kc = torch.randn((batch, h, context, d), device=dev, generator=gen).to(torch.bfloat16)
-            vc = torch.randn((batch, h, context, d), device=dev, generator=gen).to(torch.bfloat16)
-            qc = torch.randn((batch, hq, d), device=dev, generator=gen).to(torch.bfloat16)
-            kvs.append(_sdpa_fns(qc, kc, vc))
-        sdpa = {name: time_graph([fns[name] for fns in kvs], 10 if quick else 30) for name in kvs[0]}
-        sdpa_eager = {name: time_fn(kvs[0][name], quick) for name in kvs[0]}
+        sdpa, sdpa_eager = time_sdpa(batch, context, hq, h, d, quick, dev)
         sdpa_ms = min(sdpa.values())
-        del kvs, kc, vc, qc
-        torch.cuda.empty_cache()
         timed: set[tuple[str, str]] = set()
         for name, backend in [(n, k) for n in formats for k in backends]:
             f = PageFormat(KVFormat.parse(name), p, 1, h, d)

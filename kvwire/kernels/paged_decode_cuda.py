@@ -26,8 +26,16 @@ NUM_WARPS = 4
 MIN_PAGES_PER_WARP = 8
 # Compile-time tuning of the kernel (see the .cu source): DEPTH = pages held in registers per warp
 # (the one attended + those in flight), MINB = minimum resident blocks per SM for __launch_bounds__,
-# PREF = pages beyond those that are prefetched into L2. Benchmarks may override entries.
-TUNING: dict[str, int] = {"DEPTH": 2, "MINB": 1, "PREF": 0}
+# PREF = pages beyond those that are prefetched into L2.
+DEFAULT_TUNING: dict[str, int] = {"DEPTH": 2, "MINB": 1, "PREF": 0}
+# Per (key, value) element type, measured on the H200 (docs/benchmarks.md). NVFP4 pages are half
+# the registers of FP8 pages, so a third page fits in the ring at 3 blocks per SM (165 registers,
+# no spills): two pages in flight per warp instead of one.
+FORMAT_TUNING: dict[tuple[ElementType, ElementType], dict[str, int]] = {
+    (ElementType.NVFP4, ElementType.NVFP4): {"DEPTH": 3, "MINB": 3},
+}
+# Overrides on top of both, for benchmarks, sweeps and tests of other variants.
+TUNING: dict[str, int] = {}
 # Why "auto" stopped trying the CUDA kernel in this process (NVRTC or the driver would not load).
 _UNAVAILABLE: list[str] = []
 
@@ -46,13 +54,19 @@ def supports(page_format: PageFormat, num_q_heads: int, q: torch.Tensor) -> bool
     return torch.cuda.get_device_capability(q.device) >= (8, 9)
 
 
+def tuning_for(page_format: PageFormat) -> dict[str, int]:
+    """The compile-time tuning of this format's kernel: defaults, per-format entries, overrides."""
+    kv = page_format.kv
+    return {**DEFAULT_TUNING, **FORMAT_TUNING.get((kv.key.element, kv.value.element), {}), **TUNING}
+
+
 def kernel_for(page_format: PageFormat, num_q_heads: int, q_dtype: torch.dtype,
                device: torch.device, num_warps: int = NUM_WARPS) -> CudaKernel:
     f = page_format
     defines = {
         "H": f.num_kv_heads, "G": num_q_heads // f.num_kv_heads, "D": f.head_dim, "NW": num_warps,
         "KELEM": elem_code(f.kv.key), "KGRAN": gran_code(f.kv.key), "VELEM": elem_code(f.kv.value),
-        "VGRAN": gran_code(f.kv.value), "QF32": int(q_dtype == torch.float32), **TUNING,
+        "VGRAN": gran_code(f.kv.value), "QF32": int(q_dtype == torch.float32), **tuning_for(f),
     }
     return load_kernel(SOURCE, KERNEL, defines, device)
 
@@ -126,4 +140,5 @@ def split_partials(kern: CudaKernel, q: torch.Tensor, storage: torch.Tensor, pag
     kern.launch((splits, bsz * f.num_kv_heads, 1), (32 * num_warps, 1, 1), args)
 
 
-__all__ = ["NvrtcUnavailableError", "default_splits", "kernel_for", "select", "split_partials", "supports"]
+__all__ = ["NvrtcUnavailableError", "default_splits", "kernel_for", "select", "split_partials", "supports",
+           "tuning_for"]

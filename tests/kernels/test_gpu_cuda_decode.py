@@ -15,12 +15,12 @@ from .test_gpu import _check_decode, _decode_problem
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 DEV = "cuda"
-VARIANTS = [{}, {"DEPTH": 3}, {"PREF": 2}]
+VARIANTS = [{}, {"DEPTH": 2, "MINB": 1}, {"DEPTH": 3, "MINB": 1}, {"PREF": 2}]
 
 
-@pytest.fixture(params=VARIANTS, ids=["default", "depth-3", "l2-prefetch"])
+@pytest.fixture(params=VARIANTS, ids=["default", "depth-2", "depth-3", "l2-prefetch"])
 def variant(request, monkeypatch):
-    """The shipped tuning, a deeper register prefetch ring and the L2 prefetch (other code paths)."""
+    """The shipped tuning, register rings of 2 and 3 pages and the L2 prefetch (other code paths)."""
     tuning = dict(paged_decode_cuda.TUNING)
     tuning.update(request.param)
     monkeypatch.setattr(paged_decode_cuda, "TUNING", tuning)

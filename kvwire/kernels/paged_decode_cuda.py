@@ -22,18 +22,18 @@ from kvwire.formats import ElementType, PageFormat
 from kvwire.kernels._common import elem_code, gran_code
 from kvwire.kernels.nvrtc import CudaKernel, NvrtcUnavailableError, load_kernel
 
+SOURCE = "paged_decode_split.cu"
+KERNEL = "kvwire_decode_split"
 NUM_WARPS = 4
 MIN_PAGES_PER_WARP = 8
 # Compile-time tuning of the kernel (see the .cu source): DEPTH = pages held in registers per warp
 # (the one attended + those in flight), MINB = minimum resident blocks per SM for __launch_bounds__,
 # PREF = pages beyond those that are prefetched into L2.
 DEFAULT_TUNING: dict[str, int] = {"DEPTH": 2, "MINB": 1, "PREF": 0}
-# Per (key, value) element type, measured on the H200 (docs/benchmarks.md). NVFP4 pages are half
-# the registers of FP8 pages, so a third page fits in the ring at 3 blocks per SM (165 registers,
-# no spills): two pages in flight per warp instead of one.
-FORMAT_TUNING: dict[tuple[ElementType, ElementType], dict[str, int]] = {
-    (ElementType.NVFP4, ElementType.NVFP4): {"DEPTH": 3, "MINB": 3},
-}
+# Per (key, value) element type overrides of the defaults. Empty: on the H200 (2026-12-03,
+# docs/bench-runs) a 3-page ring at 3 blocks/SM (165 registers, no spills) measured slower than
+# the default for NVFP4 (0.540-0.565 ms vs 0.520 ms at 32x32k), as did L2 prefetch for FP8.
+FORMAT_TUNING: dict[tuple[ElementType, ElementType], dict[str, int]] = {}
 # Overrides on top of both, for benchmarks, sweeps and tests of other variants.
 TUNING: dict[str, int] = {}
 # Why "auto" stopped trying the CUDA kernel in this process (NVRTC or the driver would not load).

@@ -53,3 +53,21 @@ def test_supports_covers_the_documented_scope(name, page_size, head_dim, q_heads
 
     f = make_format(name, page_size=page_size, layers=1, heads=8, head_dim=head_dim)
     assert paged_decode_cuda.supports(f, q_heads, FakeCudaQ()) is ok
+
+
+def test_kernel_source_and_entry_point_exist():
+    """kernel_for compiles SOURCE's KERNEL on the GPU only; a rename must fail here on the CPU too."""
+    from kvwire.kernels.nvrtc import CUDA_SOURCE_DIR
+    text = (CUDA_SOURCE_DIR / paged_decode_cuda.SOURCE).read_text()
+    assert f'extern "C" __global__ void __launch_bounds__(NT, MINB) {paged_decode_cuda.KERNEL}(' in text
+
+
+def test_tuning_layers_defaults_format_entries_and_overrides(monkeypatch):
+    from kvwire.formats import ElementType
+    f = make_format("nvfp4")
+    monkeypatch.setattr(paged_decode_cuda, "FORMAT_TUNING", {(ElementType.NVFP4, ElementType.NVFP4): {"DEPTH": 3}})
+    monkeypatch.setattr(paged_decode_cuda, "TUNING", {})
+    assert paged_decode_cuda.tuning_for(f) == {**paged_decode_cuda.DEFAULT_TUNING, "DEPTH": 3}
+    assert paged_decode_cuda.tuning_for(make_format("fp8-token")) == paged_decode_cuda.DEFAULT_TUNING
+    monkeypatch.setattr(paged_decode_cuda, "TUNING", {"DEPTH": 4, "PREF": 1})
+    assert paged_decode_cuda.tuning_for(f) == {**paged_decode_cuda.DEFAULT_TUNING, "DEPTH": 4, "PREF": 1}

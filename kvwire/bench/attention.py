@@ -322,7 +322,12 @@ def _row_line(r: dict) -> str:
     return (f"{r['batch']:>4}x{_ctx(r['context']):<5} {r['format']:<16} {r.get('kernel', '-'):<6} {r['ms']:8.4f} ms (eager {r['eager_ms']:.4f})  "
             f"{r['kv_bytes'] / 1e9:7.3f} GB  {r['tb_per_s']:5.2f} TB/s  floor {r['floor_ms']:7.4f} ms "
             f"({100 * r['of_floor']:5.1f}%)  vs SDPA {r['vs_sdpa']:5.2f}x  "
-            f"vs dequant+SDPA {'-' if dq is None else f'{dq:5.1f}x'}  err {r.get('rel_err', float('nan')):.1e}")
+            f"vs dequant+SDPA {'-' if dq is None else f'{dq:5.1f}x'}  err {_err(r)}")
+
+
+def _err(r: dict) -> str:
+    """The row's error against dequant+SDPA, or '-' where that baseline was not run."""
+    return f"{r['rel_err']:.1e}" if "rel_err" in r else "-"
 
 
 def _ctx(n: int) -> str:
@@ -342,7 +347,7 @@ def format_table(result: dict) -> str:
         lines.append(f"| {r['batch']}x{_ctx(r['context'])} | {r['format']} | {r.get('kernel', '-')} | {r['ms']:.4f} | {r['eager_ms']:.4f} | {r['kv_bytes'] / 1e9:.3f} | "
                      f"{r['tb_per_s']:.2f} | {r['floor_ms']:.4f} | {100 * r['of_floor']:.1f}% | {r['sdpa_bf16_ms']:.4f} | "
                      f"{r['vs_sdpa']:.2f}x | {'-' if dq is None else f'{dq:.1f}x'} | "
-                     f"{r.get('rel_err', float('nan')):.1e} |")
+                     f"{_err(r)} |")
     return "\n".join(lines)
 
 

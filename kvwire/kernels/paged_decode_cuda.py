@@ -28,12 +28,16 @@ NUM_WARPS = 4
 MIN_PAGES_PER_WARP = 8
 # Compile-time tuning of the kernel (see the .cu source): DEPTH = pages held in registers per warp
 # (the one attended + those in flight), MINB = minimum resident blocks per SM for __launch_bounds__,
-# PREF = pages beyond those that are prefetched into L2.
-DEFAULT_TUNING: dict[str, int] = {"DEPTH": 2, "MINB": 1, "PREF": 0}
-# Per (key, value) element type overrides of the defaults. Empty: on the H200 (2026-12-03,
-# docs/bench-runs) a 3-page ring at 3 blocks/SM (165 registers, no spills) measured slower than
-# the default for NVFP4 (0.540-0.565 ms vs 0.520 ms at 32x32k), as did L2 prefetch for FP8.
-FORMAT_TUNING: dict[tuple[ElementType, ElementType], dict[str, int]] = {}
+# PREF = pages beyond those that are prefetched into L2. Measured on the H200 (2026-12-03,
+# docs/bench-runs): resident warps matter more than a register ring. No ring (DEPTH=1: the next
+# page id is still read a step ahead) at 4 blocks/SM (<= 128 registers) beat the 2-page ring at 3
+# blocks/SM; a 3-page ring and L2 prefetch were slower.
+DEFAULT_TUNING: dict[str, int] = {"DEPTH": 1, "MINB": 4, "PREF": 0}
+# Per (key, value) element type overrides of the defaults. NVFP4 pages need the fewest registers,
+# and 5 blocks/SM (96 registers) measured best for them: 0.454 vs 0.491 ms at 32x32k.
+FORMAT_TUNING: dict[tuple[ElementType, ElementType], dict[str, int]] = {
+    (ElementType.NVFP4, ElementType.NVFP4): {"MINB": 5},
+}
 # Overrides on top of both, for benchmarks, sweeps and tests of other variants.
 TUNING: dict[str, int] = {}
 # Why "auto" stopped trying the CUDA kernel in this process (NVRTC or the driver would not load).

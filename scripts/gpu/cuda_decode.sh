@@ -13,7 +13,11 @@ FORMATS=${2:-fp8-tensor,fp8-token,nvfp4,fp8-token/nvfp4}
 SPLITS=${3:-"0"}
 VARIANTS=${4:-"default"}
 if [ -z "${SKIP_TESTS:-}" ]; then
-  python3 -m pytest -q -p no:cacheprovider -n ${TEST_WORKERS:-4} tests/kernels/test_gpu_cuda_decode.py tests/kernels/test_gpu.py -k "decode or cuda" 2>&1 | tee "$OUT/tests_cuda.txt" | tail -25
+  # The engine test also runs its model on the CPU: cap torch's threads per worker (oversubscribed
+  # OpenMP threads spin and can stall a test for minutes).
+  OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} python3 -m pytest -q -p no:cacheprovider -n ${TEST_WORKERS:-4} --durations=8 \
+      tests/kernels/test_gpu_cuda_decode.py tests/kvwire/test_engine_gpu.py tests/kernels/test_gpu.py \
+      -k "decode or cuda or kernel_path" 2>&1 | tee "$OUT/tests_cuda.txt" | tail -25
 fi
 if [ -z "${SKIP_BENCH:-}" ]; then
   python3 -m kvwire.bench.attention --formats "$FORMATS" --shapes "$SHAPES" --backends cuda,triton \

@@ -20,7 +20,7 @@ VARIANTS = [{}, {"DEPTH": 2, "MINB": 1}, {"DEPTH": 3, "MINB": 1}, {"PREF": 2}]
 
 @pytest.fixture(params=VARIANTS, ids=["default", "depth-2", "depth-3", "l2-prefetch"])
 def variant(request, monkeypatch):
-    """The shipped tuning, register rings of 2 and 3 pages and the L2 prefetch (other code paths)."""
+    """The shipped tuning (no register ring), rings of 2 and 3 pages and the L2 prefetch (other code paths)."""
     tuning = dict(paged_decode_cuda.TUNING)
     tuning.update(request.param)
     monkeypatch.setattr(paged_decode_cuda, "TUNING", tuning)

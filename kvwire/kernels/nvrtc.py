@@ -70,12 +70,24 @@ def _check_cu(code: int, what: str) -> None:
         raise RuntimeError(f"CUDA driver {what} failed ({code}): {(msg.value or b'?').decode()}")
 
 
-def compile_cubin(source: str, name: str, options: list[str], arch: str) -> bytes:
-    """CUDA C++ ``source`` -> a cubin for ``arch`` (e.g. "sm_90"); raises with NVRTC's log."""
+def shared_headers() -> dict[str, str]:
+    """The ``*.cuh`` files of ``cuda/`` by name: what the kernels may ``#include "..."``."""
+    return {p.name: p.read_text() for p in sorted(CUDA_SOURCE_DIR.glob("*.cuh"))}
+
+
+def compile_cubin(source: str, name: str, options: list[str], arch: str,
+                  headers: dict[str, str] | None = None) -> bytes:
+    """CUDA C++ ``source`` -> a cubin for ``arch`` (e.g. "sm_90"); raises with NVRTC's log.
+
+    ``headers`` (default: ``shared_headers()``) are the only files ``#include`` can name.
+    """
     lib = _load_nvrtc()
+    hdrs = shared_headers() if headers is None else headers
+    texts = (ctypes.c_char_p * max(1, len(hdrs)))(*[t.encode() for t in hdrs.values()])
+    names = (ctypes.c_char_p * max(1, len(hdrs)))(*[n.encode() for n in hdrs])
     prog = ctypes.c_void_p()
     _check_nvrtc(lib, lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), f"{name}.cu".encode(),
-                                             0, None, None), "create")
+                                             len(hdrs), texts, names), "create")
     opts = [f"--gpu-architecture={arch}", "-std=c++17", *options]
     arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
     try:

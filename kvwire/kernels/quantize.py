@@ -4,6 +4,10 @@
 the pool bytes (``PagePool.storage``), bit-identical to ``kvwire.quant.quantize_pages`` followed
 by storing the sections into ``PagePool.section`` views (``write_pages_reference``).
 
+On CUDA, FP8 and NVFP4 pages from bf16 input go to the CUDA (NVRTC) kernel in
+``quantize_cuda.py`` (same bytes, faster); other inputs and formats, and CPU runs under
+TRITON_INTERPRET=1, use the Triton kernel here.
+
 One program per (page, KV head): the [P, D] tile is in registers, so page/token amax, NVFP4 block
 amax and global scale need no second pass. Division is IEEE-rounded (``tl.math.div_rn``) so the
 scales and codes equal the torch reference's.
@@ -19,6 +23,7 @@ import triton
 import triton.language as tl
 
 from kvwire.formats import ElementType, PageFormat
+from kvwire.kernels import quantize_cuda
 from kvwire.kernels._common import (
     check_storage, e4m3_decode, e4m3_encode, elem_code, gran_code, interpreting, part_offsets, pow2,
     store_sections, use_triton,
@@ -144,7 +149,7 @@ DEFAULT_HEADS_PER_PROGRAM = {ElementType.BF16: 1, ElementType.FP8: 2, ElementTyp
 
 def write_pages(storage: torch.Tensor, page_format: PageFormat, layer: int, part: int,
                 page_ids: torch.Tensor, x: torch.Tensor, static_scale: torch.Tensor | None = None,
-                *, check_finite: bool = True, _hw_cast: bool | None = None,
+                *, check_finite: bool = True, backend: str = "auto", _hw_cast: bool | None = None,
                 _hw_block_scale: bool = False, _heads_per_program: int | None = None) -> None:
     """Quantise ``x`` [n, P, H, D] (bf16, fp16 or fp32) into pages ``page_ids`` of ``storage``.
 
@@ -153,7 +158,12 @@ def write_pages(storage: torch.Tensor, page_format: PageFormat, layer: int, part
     count comes from the kernel itself, one device sync); the named pages then hold undefined
     bytes, which is harmless for freshly allocated pages. ``check_finite=False`` skips the check
     and the sync. On CPU tensors without TRITON_INTERPRET=1 this runs the torch reference.
+    ``backend``: "auto" runs the CUDA kernel (quantize_cuda.py) where it applies (FP8/NVFP4 pages
+    from bf16) and NVRTC loads, else Triton; "triton" and "cuda" force one ("cuda" raises where it
+    does not apply).
     """
+    if backend not in ("auto", "triton", "cuda"):
+        raise ValueError(f"backend must be 'auto', 'triton' or 'cuda', got {backend!r}")
     f = page_format
     fmt = f.part_format(part)
     check_storage(storage, f)
@@ -171,6 +181,8 @@ def write_pages(storage: torch.Tensor, page_format: PageFormat, layer: int, part
     if x.shape[0] == 0:
         return
     if not use_triton(storage):
+        if backend == "cuda":
+            raise ValueError(f"the CUDA quantise kernel needs CUDA tensors, got storage on {storage.device}")
         store_sections(storage, f, layer, part, page_ids,
                        quantize_pages(x.to(storage.device), fmt, static_scale))
         return
@@ -178,10 +190,26 @@ def write_pages(storage: torch.Tensor, page_format: PageFormat, layer: int, part
         raise ValueError(f"x is on {x.device}, storage on {storage.device}")
     hw = (not interpreting()) if _hw_cast is None else _hw_cast
     data_off, s_off, bs_off, gs_off = part_offsets(f, layer, part)
-    ids = page_ids.to(torch.int64)
+    ids = page_ids.to(torch.int64).contiguous()
     flag = torch.zeros(1, dtype=torch.int32, device=storage.device)
     static = (static_scale.to(device=storage.device, dtype=torch.float32).contiguous()
               if static_scale is not None and fmt.has_static_scales else flag.float())
+    cuda_kernel = quantize_cuda.select(backend, f, part, x, storage, check_finite,
+                                       hw and _heads_per_program is None and not _hw_block_scale)
+    if cuda_kernel is not None:
+        quantize_cuda.launch(cuda_kernel, f, part, x, ids, storage, (data_off, s_off, bs_off, gs_off), static, flag)
+    else:
+        _launch_triton(storage, f, fmt, x, ids, static, flag, (data_off, s_off, bs_off, gs_off), check_finite,
+                       hw, _hw_block_scale, _heads_per_program)
+    if check_finite:
+        bad = int(flag.item())
+        if bad:
+            raise NonFiniteInputError(f"cannot quantise K/V with {bad} non-finite value(s) (NaN or inf)")
+
+
+def _launch_triton(storage, f, fmt, x, ids, static, flag, offsets, check_finite, hw, hw_block_scale,
+                   heads_per_program) -> None:
+    data_off, s_off, bs_off, gs_off = offsets
     x_bf16 = x.dtype == torch.bfloat16
     xk = x.view(torch.int16) if x_bf16 else x
     st16 = storage.view(torch.int16)
@@ -189,20 +217,17 @@ def write_pages(storage: torch.Tensor, page_format: PageFormat, layer: int, part
     d = f.head_dim
     block_d = pow2(d) if fmt.element is not ElementType.NVFP4 else pow2(d // 16) * 16
     block_p = pow2(f.page_size)
-    hb = _heads_per_program or DEFAULT_HEADS_PER_PROGRAM.get(fmt.element, 1)
+    h = f.num_kv_heads
+    hb = heads_per_program or DEFAULT_HEADS_PER_PROGRAM.get(fmt.element, 1)
     hb = min(pow2(h), pow2(hb))
     elems = block_p * hb * block_d
     _quantize_kernel[(x.shape[0], triton.cdiv(h, hb))](
         xk, *x.stride(), ids, storage, st16, st32, static, flag,
         f.page_bytes, data_off, s_off, bs_off, gs_off,
         H=h, HB=hb, P=f.page_size, D=d, BLOCK_P=block_p, BLOCK_D=block_d,
-        ELEM=elem_code(fmt), GRAN=gran_code(fmt), X_BF16=x_bf16, HW=hw, HW_BS=hw and _hw_block_scale,
+        ELEM=elem_code(fmt), GRAN=gran_code(fmt), X_BF16=x_bf16, HW=hw, HW_BS=hw and hw_block_scale,
         CHECK=check_finite, num_warps=4 if elems <= 4096 else 8,
     )
-    if check_finite:
-        bad = int(flag.item())
-        if bad:
-            raise NonFiniteInputError(f"cannot quantise K/V with {bad} non-finite value(s) (NaN or inf)")
 
 
 # ---- torch reference -----------------------------------------------------------------------------

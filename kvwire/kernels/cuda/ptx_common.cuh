@@ -1,0 +1,37 @@
+// Shared by the kvwire CUDA kernels (included by name; kvwire/kernels/nvrtc.py hands NVRTC every
+// *.cuh of this directory). No CUDA headers: the serving images have NVRTC but no toolkit headers,
+// so warp shuffles, votes, barriers, byte permutes and streaming loads are inline PTX.
+#pragma once
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned char u8;
+typedef long long i64;
+
+__device__ __forceinline__ float shfl_xor(float v, int m) {
+    float r;
+    asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(r) : "f"(v), "r"(m));
+    return r;
+}
+__device__ __forceinline__ u32 shfl_idx(u32 v, int src) {
+    u32 r;
+    asm volatile("shfl.sync.idx.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=r"(r) : "r"(v), "r"(src));
+    return r;
+}
+__device__ __forceinline__ bool any_sync(bool p) {
+    u32 r;
+    asm volatile("{ .reg .pred p, q; setp.ne.u32 p, %1, 0; vote.sync.any.pred q, p, 0xffffffff; selp.u32 %0, 1, 0, q; }"
+                 : "=r"(r) : "r"((u32)p));
+    return r != 0;
+}
+__device__ __forceinline__ void block_sync() { asm volatile("bar.sync 0;" ::: "memory"); }
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
+    u32 r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+    return r;
+}
+// 16 bytes from global memory read once (no L1 allocation).
+__device__ __forceinline__ void ld16(const u8* p, u32* r) {
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(p));
+}

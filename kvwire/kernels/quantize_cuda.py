@@ -1,0 +1,113 @@
+"""The CUDA (NVRTC) quantise-on-write kernel, for FP8 and NVFP4 pages from bf16 K/V.
+
+``cuda/quantize_pages.cu`` writes the same bytes as the Triton kernel in ``quantize.py`` (both
+bit-identical to ``kvwire.quant.quantize_pages``): one block per (page, KV head) tile with the
+tile in registers (16 elements per thread), 16-byte loads, and an exact division by reciprocal plus
+two FMA corrections instead of ``div.rn`` per element. Why: the Triton kernel's NVFP4 path reached
+29% of the copy bandwidth on the H200 (docs/benchmarks.md), compute-bound on IEEE divisions and
+layout shuffles.
+
+Scope (``supports``): FP8 (any granularity) or NVFP4, bf16 input whose head_dim is contiguous and
+16-byte aligned, head_dim 64 or 128, a page of at least 256 elements (P * D / 8 chunks that split
+into whole warps). Everything else, and CPU/interpreter runs, use the Triton kernel or the torch
+reference.
+"""
+from __future__ import annotations
+
+import ctypes
+import warnings
+
+import torch
+
+from kvwire.formats import ElementType, PageFormat
+from kvwire.kernels._common import gran_code
+from kvwire.kernels.nvrtc import CudaKernel, NvrtcUnavailableError, load_kernel
+
+SOURCE = "quantize_pages.cu"
+KERNEL = "kvwire_quantize_pages"
+# 16-byte chunks (8 elements) of the [P, D] tile per thread, per element type; others where the
+# tile does not split into whole warps that way (NVFP4 needs an even count: a thread owns whole
+# 16-element blocks). Chosen on the H200 (docs/benchmarks.md).
+CHUNKS_PER_THREAD = {ElementType.FP8: 4, ElementType.NVFP4: 8}
+# Why "auto" stopped trying the CUDA kernel in this process (NVRTC or the driver would not load).
+_UNAVAILABLE: list[str] = []
+
+
+def supports(page_format: PageFormat, part: int, x: torch.Tensor, storage: torch.Tensor) -> bool:
+    """Whether the CUDA kernel covers this part's format, this input and this device."""
+    f = page_format
+    fmt = f.part_format(part)
+    if not x.is_cuda or x.dtype != torch.bfloat16 or fmt.element not in (ElementType.FP8, ElementType.NVFP4):
+        return False
+    if f.head_dim not in (64, 128) or chunks_per_thread(f, part) is None:
+        return False
+    if x.stride(3) != 1 or any(s % 8 for s in x.stride()[:3]) or x.data_ptr() % 16 or storage.data_ptr() % 16:
+        return False
+    return torch.cuda.get_device_capability(x.device) >= (8, 9)
+
+
+def kernel_for(page_format: PageFormat, part: int, check_finite: bool, device: torch.device) -> CudaKernel:
+    f = page_format
+    fmt = f.part_format(part)
+    defines = {"H": f.num_kv_heads, "P": f.page_size, "D": f.head_dim, "CPL": chunks_per_thread(f, part),
+               "ELEM": 1 if fmt.element is ElementType.FP8 else 2, "GRAN": gran_code(fmt),
+               "CHECK": int(check_finite)}
+    return load_kernel(SOURCE, KERNEL, defines, device)
+
+
+def chunks_per_thread(page_format: PageFormat, part: int) -> int | None:
+    """Chunks per thread that split a page's [P, D] tile into 1..32 whole warps (None: no way)."""
+    element = page_format.part_format(part).element
+    chunks = page_format.page_size * page_format.head_dim // 8
+    for cpl in (CHUNKS_PER_THREAD.get(element, 2), 1, 2, 4, 8):
+        if element is ElementType.NVFP4 and cpl % 2:
+            continue
+        if chunks % cpl == 0 and (chunks // cpl) % 32 == 0 and chunks // cpl <= 1024:
+            return cpl
+    return None
+
+
+def select(backend: str, page_format: PageFormat, part: int, x: torch.Tensor, storage: torch.Tensor,
+           check_finite: bool, eligible: bool) -> CudaKernel | None:
+    """The CUDA kernel to run for ``backend`` ("auto", "cuda", "triton"), or None for Triton.
+
+    "cuda" raises where the kernel does not apply; "auto" takes it where it applies and NVRTC
+    loads (once NVRTC has failed, "auto" warns once and stays on Triton for the process).
+    """
+    if backend == "triton":
+        return None
+    ok = eligible and supports(page_format, part, x, storage)
+    if backend == "cuda":
+        if not ok:
+            f = page_format
+            raise ValueError(f"the CUDA quantise kernel does not cover {f.part_format(part).name} pages of "
+                             f"page size {f.page_size}, head_dim {f.head_dim} from {x.dtype} "
+                             f"strides {tuple(x.stride())} on {x.device}")
+        return kernel_for(page_format, part, check_finite, x.device)
+    if not ok or _UNAVAILABLE:
+        return None
+    try:
+        return kernel_for(page_format, part, check_finite, x.device)
+    except NvrtcUnavailableError as e:
+        _UNAVAILABLE.append(str(e))
+        warnings.warn(f"quantise-on-write falls back to Triton: {e}", RuntimeWarning, stacklevel=3)
+        return None
+
+
+def launch(kern: CudaKernel, page_format: PageFormat, part: int, x: torch.Tensor, page_ids: torch.Tensor,
+           storage: torch.Tensor, offsets: tuple[int, int, int, int], static: torch.Tensor,
+           flag: torch.Tensor) -> None:
+    """Quantise ``x`` [n, P, H, D] (bf16) into pages ``page_ids`` (int64) of ``storage``."""
+    f = page_format
+    if page_ids.dtype != torch.int64 or not page_ids.is_contiguous():
+        raise ValueError("page_ids must be contiguous int64 for the CUDA kernel")
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    data_off, s_off, bs_off, gs_off = offsets
+    threads = f.page_size * f.head_dim // (8 * chunks_per_thread(f, part))
+    args = [ptr(x.data_ptr()), i64(x.stride(0)), i64(x.stride(1)), i64(x.stride(2)), ptr(page_ids.data_ptr()),
+            ptr(storage.data_ptr()), i64(f.page_bytes), i64(data_off), i64(s_off), i64(bs_off), i64(gs_off),
+            ptr(static.data_ptr()), ptr(flag.data_ptr())]
+    kern.launch((x.shape[0], f.num_kv_heads, 1), (threads, 1, 1), args)
+
+
+__all__ = ["NvrtcUnavailableError", "kernel_for", "launch", "select", "supports"]

@@ -1,0 +1,105 @@
+"""The CUDA (NVRTC) quantise-on-write kernel: bit-identical to the torch reference on a GPU.
+
+Skipped without CUDA (there is no CUDA interpreter); the CPU suite runs the Triton kernel that
+writes the same bytes, and checks the dispatch and the kernel's scope in test_quantize.py.
+"""
+import pytest
+import torch
+
+from kvwire.kernels import quantize_cuda
+from kvwire.kernels.quantize import write_pages, write_pages_reference
+from kvwire.quant import NonFiniteInputError
+
+from .helpers import make_format, random_kv
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+DEV = "cuda"
+COMPACT = ("fp8-tensor", "fp8-head", "fp8-page", "fp8-token", "nvfp4")
+
+
+def _special_pages(x: torch.Tensor, name: str, gen: torch.Generator) -> None:
+    """Pages that reach every branch: all zero, tiny (div.rn path), ties at every rounding point."""
+    n, p, h, d = x.shape
+    x[0] = 0
+    x[1] *= 1e-7
+    x[2] *= 1e-30                        # scales below 2^-80: exact division by div.rn
+    x[3, :, :, ::3] = -0.0               # negative zeros keep their sign
+    # Exact ties: with a page amax of 448 (fp8) or 2688 (nvfp4) the scales are powers of two, so
+    # x / scale lands exactly on the E4M3 / E2M1 rounding midpoints.
+    sign = 1 - 2 * (torch.arange(p * h * d) % 2).reshape(p, h, d)
+    if name == "nvfp4":
+        mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 0.125, 0.3125, 1.125, 6.5, 9.0, 13.0])
+        vals = mids[torch.arange(p * h * d) % len(mids)].reshape(p, h, d)
+        blocks = torch.tensor([1.0, 2.0, 0.5, 4.0]).repeat_interleave(16).repeat(d // 64)
+        x[4] = vals.clamp(max=6.0) * blocks * sign
+        x[4, :, :, ::16] = 6.0 * blocks[::16]        # each block's amax: 6 x a power of two
+        x[4, 0, :, 0] = 2688.0                          # page amax: global scale 1
+    else:
+        # 1.xxxx * 2^j: five significant bits, E4M3 keeps four, so half of them are exact ties
+        # (subnormal E4M3 ones included, j down to -12).
+        sig = torch.randint(16, 32, (p, h, d), generator=gen) / 16.0
+        x[4] = sig * torch.exp2(torch.randint(-12, 8, (p, h, d), generator=gen).float()) * sign
+        x[4, :, :, 1] = 448.0                           # page and token amax 448: scale 1
+
+
+@pytest.mark.parametrize("name", COMPACT)
+@pytest.mark.parametrize("heads,head_dim,page_size", [(8, 128, 16), (3, 64, 16), (5, 64, 32), (2, 128, 4)])
+def test_cuda_quantize_bit_identical(name, heads, head_dim, page_size):
+    gen = torch.Generator().manual_seed(heads * 7 + head_dim + page_size)
+    f = make_format(name, page_size=page_size, layers=2, heads=heads, head_dim=head_dim)
+    n, pool = 300, 512
+    storage = torch.randint(0, 256, (pool, f.page_bytes), dtype=torch.uint8, generator=gen)
+    expect = storage.clone()
+    storage = storage.to(DEV)
+    ids = torch.randperm(pool, generator=gen)[:n]
+    static = torch.rand((2, heads), generator=gen) * 0.01 + 0.001
+    static[1, 0] = 1e-12                                 # far below the data: saturates, |x/s| > 2^60
+    for part in (0, 1):
+        x = random_kv((n, page_size, heads, head_dim), gen)
+        _special_pages(x, name, gen)
+        x = x.to(torch.bfloat16)
+        write_pages(storage, f, 1, part, ids.to(DEV), x.to(DEV), static[part].to(DEV), backend="cuda")
+        write_pages_reference(expect, f, 1, part, ids, x, static[part])
+    diff = int((storage.cpu() != expect).sum())
+    assert diff == 0, f"{diff} bytes differ from the CPU reference"
+
+
+@pytest.mark.parametrize("name", ["fp8-token", "nvfp4"])
+def test_cuda_quantize_strided_input_and_auto_backend(name, monkeypatch):
+    """A [n, P, H, D] view of a wider K|V buffer (as a fused QKV projection gives) goes to the CUDA
+    kernel under "auto", and writes the same bytes."""
+    gen = torch.Generator().manual_seed(1)
+    f = make_format(name, page_size=16, layers=1, heads=4, head_dim=64)
+    kv = random_kv((40, 16, 2, 4, 64), gen).to(torch.bfloat16)
+    x = kv[:, :, 1]                                      # stride over the K|V axis
+    launched = []
+    real = quantize_cuda.launch
+    monkeypatch.setattr(quantize_cuda, "launch", lambda *a, **k: (launched.append(1), real(*a, **k)))
+    storage = torch.zeros((64, f.page_bytes), dtype=torch.uint8)
+    expect = storage.clone()
+    storage = storage.to(DEV)
+    ids = torch.randperm(64, generator=gen)[:40]
+    write_pages(storage, f, 0, 0, ids.to(DEV), kv.to(DEV)[:, :, 1])
+    write_pages_reference(expect, f, 0, 0, ids, x)
+    assert launched, "auto did not pick the CUDA kernel"
+    assert int((storage.cpu() != expect).sum()) == 0
+
+
+def test_cuda_quantize_counts_non_finite():
+    f = make_format("nvfp4", heads=8, head_dim=128)
+    storage = torch.zeros((8, f.page_bytes), dtype=torch.uint8, device=DEV)
+    x = torch.randn((4, 16, 8, 128), device=DEV).to(torch.bfloat16)
+    x[2, 3, 4, 5] = float("nan")
+    x[0, 0, 0, 0] = float("inf")
+    x[3, 15, 7, 127] = -float("inf")
+    with pytest.raises(NonFiniteInputError, match="3 non-finite"):
+        write_pages(storage, f, 0, 0, torch.arange(4, device=DEV), x, backend="cuda")
+
+
+def test_cuda_backend_outside_the_scope_raises():
+    f = make_format("fp8-token", heads=8, head_dim=128)
+    storage = torch.zeros((8, f.page_bytes), dtype=torch.uint8, device=DEV)
+    x = torch.randn((4, 16, 8, 128), device=DEV)                     # fp32 input: Triton only
+    with pytest.raises(ValueError, match="CUDA quantise kernel does not cover"):
+        write_pages(storage, f, 0, 0, torch.arange(4, device=DEV), x, backend="cuda")
+    write_pages(storage, f, 0, 0, torch.arange(4, device=DEV), x)    # auto: Triton

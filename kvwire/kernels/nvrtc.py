@@ -140,12 +140,16 @@ _CACHE: dict[tuple, CudaKernel] = {}
 
 def load_kernel(source_file: str, kernel: str, defines: dict[str, int], device: torch.device) -> CudaKernel:
     """Compile (once per process) ``cuda/<source_file>`` with ``-D`` ``defines`` for ``device``."""
+    return load_source((CUDA_SOURCE_DIR / source_file).read_text(), kernel, defines, device)
+
+
+def load_source(source: str, kernel: str, defines: dict[str, int], device: torch.device) -> CudaKernel:
+    """Compile (once per process per source text) CUDA C++ ``source`` and load ``kernel`` from it."""
     idx = device.index if device.index is not None else torch.cuda.current_device()
-    key = (source_file, kernel, tuple(sorted(defines.items())), idx)
+    key = (source, kernel, tuple(sorted(defines.items())), idx)
     if key in _CACHE:
         return _CACHE[key]
     major, minor = torch.cuda.get_device_capability(idx)
-    source = (CUDA_SOURCE_DIR / source_file).read_text()
     cubin = compile_cubin(source, kernel, [f"-D{k}={v}" for k, v in defines.items()], f"sm_{major}{minor}")
     lib = _load_cuda()
     with torch.cuda.device(idx):

@@ -16,6 +16,43 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 DEV = "cuda"
 COMPACT = ("fp8-tensor", "fp8-head", "fp8-page", "fp8-token", "nvfp4")
 
+# Every (bf16 significand, fp32 significand) pair: x = 1.m (7 bits), s = 1.m (23 bits). Power-of-two
+# scaling is exact without underflow/overflow, so this covers every bf16 x and every normal s.
+_DIVISION_CHECK = r"""
+#include "exact_division.cuh"
+extern "C" __global__ void check_division(unsigned long long* bad, unsigned int* example) {
+    const unsigned int idx = blockIdx.x * blockDim.x + threadIdx.x;          // 2^30 of them
+    const float x = __uint_as_float(0x3f800000u | ((idx >> 23) << 16));
+    const float s = __uint_as_float(0x3f800000u | (idx & 0x7fffffu));
+    const float q = div_fast(x, s, rcp_rn(s));
+    if (__float_as_uint(q) != __float_as_uint(div_rn(x, s))) {
+        if (atomicAdd(bad, 1ull) == 0ull) { example[0] = __float_as_uint(x); example[1] = __float_as_uint(s); }
+    }
+}
+"""
+
+
+@pytest.mark.parametrize("steps", [1, 2])
+def test_fast_division_is_exact_for_every_bf16_numerator(steps):
+    """The claim quantize_cuda.DIVISION_STEPS rests on, checked for all 2^30 significand pairs."""
+    import ctypes
+
+    from kvwire.kernels.nvrtc import load_source
+    kern = load_source(_DIVISION_CHECK, "check_division", {"DIVSTEPS": steps}, torch.device(DEV))
+    bad = torch.zeros(1, dtype=torch.int64, device=DEV)
+    example = torch.zeros(2, dtype=torch.int32, device=DEV)
+    kern.launch((1 << 22, 1, 1), (256, 1, 1), [ctypes.c_void_p(bad.data_ptr()), ctypes.c_void_p(example.data_ptr())])
+    torch.cuda.synchronize()
+    x, s = example.cpu().view(torch.float32).tolist()
+    assert int(bad) == 0, f"{int(bad)} quotients differ from div.rn with {steps} step(s), e.g. {x!r} / {s!r}"
+
+
+@pytest.fixture(params=[1, 2], ids=["1-step", "2-step"])
+def division_steps(request, monkeypatch):
+    """Both exact-division variants of the kernel (cuda/exact_division.cuh)."""
+    monkeypatch.setattr(quantize_cuda, "DIVISION_STEPS", request.param)
+    return request.param
+
 
 def _special_pages(x: torch.Tensor, name: str, gen: torch.Generator) -> None:
     """Pages that reach every branch: all zero, tiny (div.rn path), ties at every rounding point."""
@@ -44,7 +81,7 @@ def _special_pages(x: torch.Tensor, name: str, gen: torch.Generator) -> None:
 
 @pytest.mark.parametrize("name", COMPACT)
 @pytest.mark.parametrize("heads,head_dim,page_size", [(8, 128, 16), (3, 64, 16), (5, 64, 32), (2, 128, 4)])
-def test_cuda_quantize_bit_identical(name, heads, head_dim, page_size):
+def test_cuda_quantize_bit_identical(name, heads, head_dim, page_size, division_steps):
     gen = torch.Generator().manual_seed(heads * 7 + head_dim + page_size)
     f = make_format(name, page_size=page_size, layers=2, heads=heads, head_dim=head_dim)
     n, pool = 300, 512

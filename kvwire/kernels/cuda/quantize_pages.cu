@@ -4,7 +4,7 @@
 // Compiled at run time by NVRTC (kvwire/kernels/nvrtc.py) with these macros:
 //   H (KV heads), P (page size), D (64 or 128), CPL (16-byte chunks per thread), ELEM (1 fp8,
 //   2 nvfp4), GRAN (fp8 only: 1 token, 2 page, 3 static = tensor/head), CHECK (count NaN/inf
-//   into *flag).
+//   into *flag), DIVSTEPS (FMA correction steps of the exact division, 1 or 2).
 //
 // Layout of the work: one block of TPT = P * D / (8 * CPL) threads per (page, KV head) tile; the
 // [P, D] bf16 tile is read with 16-byte loads, all issued before any arithmetic, and stays in
@@ -12,20 +12,10 @@
 // not a second pass. Thread t owns unit c = t % UPR of rows r0, r0 + RPS, ... (r0 = t / UPR): a
 // unit is 8 elements for FP8 and one whole NVFP4 block of 16 (block amax, scale and reciprocal
 // in-thread), a row is UPR lanes of one warp, and every store is a contiguous 8-byte vector of the
-// page's data section. Few chunks per thread (CPL = 2) keep registers low and SMs full of warps:
-// one warp per tile with 8 chunks per lane measured 38.8 us (fp8-token) and 40.8 us (nvfp4) for
-// 32k tokens on the H200, a persistent double-buffered variant of that slower still.
+// page's data section. CPL is tuned per element type in quantize_cuda.py (docs/benchmarks.md).
 //
-// Exact division, cheaply: the reference divides every element by its scale with IEEE rounding.
-// A correctly rounded reciprocal r = RN(1/s) per scale and two FMA correction steps per element
-//   q0 = RN(x r);  q1 = RN(q0 + RN(x - s q0) r);  q = RN(q1 + (x - s q1) r)
-// give RN(x/s) (the last step is Markstein's theorem: q1 is faithful and r is within half an ulp
-// of 1/s), as long as nothing underflows or overflows; `div_fast_ok` keeps to scales where that
-// holds for every element that can change a code, and the rest take div.rn. The sign is copied
-// from x (s > 0), since x = -0 would otherwise come out +0.
-#if D != 64 && D != 128
-#error "D must be 64 or 128"
-#endif
+// Exact division, cheaply: see exact_division.cuh (a reciprocal per scale and FMA corrections per
+// element instead of div.rn). The sign is copied from x (s > 0), since x = -0 comes out +0 there.
 #if ELEM == 2
 #define UC 2                        // chunks per unit: an NVFP4 block of 16 is one thread's
 #else
@@ -42,6 +32,7 @@
 #endif
 
 #include "ptx_common.cuh"
+#include "exact_division.cuh"
 
 __device__ __forceinline__ int shfl_xor_i(int v, int m) {
     int r;
@@ -54,35 +45,6 @@ __device__ __forceinline__ uint4 ld_stream(const u16* p) {
     return r;
 }
 __device__ __forceinline__ float f32_of(u32 bits) { return __uint_as_float(bits); }
-__device__ __forceinline__ float div_rn(float a, float b) {
-    float r;
-    asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-__device__ __forceinline__ float rcp_rn(float a) {
-    float r;
-    asm("rcp.rn.f32 %0, %1;" : "=f"(r) : "f"(a));
-    return r;
-}
-__device__ __forceinline__ float mul_rn(float a, float b) {
-    float r;
-    asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-__device__ __forceinline__ float fma_rn(float a, float b, float c) {
-    float r;
-    asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(a), "f"(b), "f"(c));
-    return r;
-}
-// RN(x / s) for s with div_fast_ok(s): reciprocal, two correction steps.
-__device__ __forceinline__ float div_fast(float x, float s, float r) {
-    float q = mul_rn(x, r);
-    q = fma_rn(fma_rn(-s, q, x), r, q);
-    return fma_rn(fma_rn(-s, q, x), r, q);
-}
-// Scales whose quotients stay clear of underflow where they matter (|x/s| >= 2^-11) and whose
-// reciprocal is a normal number; tiny or huge scales (amax below ~1e-22) use div.rn.
-__device__ __forceinline__ bool div_fast_ok(float s) { return s >= 0x1p-80f && s <= 0x1p100f; }
 
 // Element e (0..7) of a 16-byte chunk of bf16, as fp32 (exact).
 __device__ __forceinline__ float elem(const uint4& v, int e) {

@@ -3,9 +3,10 @@
 For each format: one layer's K of ``--tokens`` tokens (bf16 in, Hkv=8, D=128, page size 16 by
 default) quantised into scattered pages of a pool; median time, bytes read (x) + written (the
 compact sections), the rate and its fraction of a device-to-device copy's rate (read + write)
-measured in the same run. Timed in a CUDA graph over rotated inputs (>= 512 MB, past the L2),
-for 1, 2 and 8 KV heads per program (the best is reported); and eagerly with the fused
-non-finite check on (it adds a device sync and the host launch cost).
+measured in the same run. Timed in a CUDA graph over rotated inputs (>= 512 MB, past the L2):
+the CUDA kernel where it applies (FP8/NVFP4 pages) and the Triton kernel at 1, 2 and 8 KV heads
+per program (its best is reported); then the faster of the two eagerly with the fused non-finite
+check on (it adds a device sync and the host launch cost).
 """
 from __future__ import annotations
 

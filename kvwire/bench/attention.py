@@ -307,14 +307,14 @@ def _write(args, result: dict) -> None:
 
 def _kernel_name(f, prob: Problem, backend: str) -> str | None:
     """Which split kernel ``backend`` runs for this problem ("cuda"/"triton"), None if it cannot."""
-    from kvwire.kernels import paged_decode_cuda
+    from kvwire.kernels import nvrtc, paged_decode_cuda
     q = prob.args[0]
     covered = paged_decode_cuda.supports(f, q.shape[1], q)
     if backend == "triton":
         return "triton"
     if backend == "cuda":
         return "cuda" if covered else None
-    return "cuda" if covered and not paged_decode_cuda._UNAVAILABLE else "triton"
+    return "cuda" if covered and not nvrtc.UNAVAILABLE else "triton"
 
 
 def _row_line(r: dict) -> str:

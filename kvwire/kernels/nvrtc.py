@@ -9,9 +9,12 @@ Compiled modules are cached per (source, options, device) for the life of the pr
 from __future__ import annotations
 
 import ctypes
+import functools
 import glob
 import os
 import sys
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -138,9 +141,14 @@ class CudaKernel:
 _CACHE: dict[tuple, CudaKernel] = {}
 
 
+@functools.lru_cache(maxsize=None)
+def _source_text(source_file: str) -> str:
+    return (CUDA_SOURCE_DIR / source_file).read_text()
+
+
 def load_kernel(source_file: str, kernel: str, defines: dict[str, int], device: torch.device) -> CudaKernel:
     """Compile (once per process) ``cuda/<source_file>`` with ``-D`` ``defines`` for ``device``."""
-    return load_source((CUDA_SOURCE_DIR / source_file).read_text(), kernel, defines, device)
+    return load_source(_source_text(source_file), kernel, defines, device)
 
 
 def load_source(source: str, kernel: str, defines: dict[str, int], device: torch.device) -> CudaKernel:
@@ -162,3 +170,31 @@ def load_source(source: str, kernel: str, defines: dict[str, int], device: torch
     _check_cu(lib.cuFuncGetAttribute(ctypes.byref(regs), 4, fn), "attribute")   # 4 = NUM_REGS
     _CACHE[key] = CudaKernel(fn, module, regs.value)
     return _CACHE[key]
+
+
+# Why "auto" stopped trying CUDA kernels in this process (NVRTC or the driver would not load).
+UNAVAILABLE: list[str] = []
+
+
+def choose(backend: str, applies: bool, build: Callable[[], CudaKernel], not_covered: Callable[[], str],
+           what: str) -> CudaKernel | None:
+    """The CUDA kernel for ``backend`` ("auto", "cuda", "triton"), or None for the Triton kernel.
+
+    "cuda" raises ``ValueError(not_covered())`` where the kernel does not apply; "auto" builds it
+    where it applies and NVRTC loads. Once NVRTC has failed, "auto" warns once (naming ``what``)
+    and stays on Triton for the rest of the process, for every kernel.
+    """
+    if backend == "triton":
+        return None
+    if backend == "cuda":
+        if not applies:
+            raise ValueError(not_covered())
+        return build()
+    if not applies or UNAVAILABLE:
+        return None
+    try:
+        return build()
+    except NvrtcUnavailableError as e:
+        UNAVAILABLE.append(str(e))
+        warnings.warn(f"{what} falls back to Triton: {e}", RuntimeWarning, stacklevel=4)
+        return None

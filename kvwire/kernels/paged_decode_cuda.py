@@ -14,13 +14,12 @@ Everything else, and CPU/interpreter runs, uses the Triton kernel or the torch r
 from __future__ import annotations
 
 import ctypes
-import warnings
 
 import torch
 
 from kvwire.formats import ElementType, PageFormat
 from kvwire.kernels._common import elem_code, gran_code
-from kvwire.kernels.nvrtc import CudaKernel, NvrtcUnavailableError, load_kernel
+from kvwire.kernels.nvrtc import CudaKernel, NvrtcUnavailableError, choose, load_kernel
 
 SOURCE = "paged_decode_split.cu"
 KERNEL = "kvwire_decode_split"
@@ -40,8 +39,6 @@ FORMAT_TUNING: dict[tuple[ElementType, ElementType], dict[str, int]] = {
 }
 # Overrides on top of both, for benchmarks, sweeps and tests of other variants.
 TUNING: dict[str, int] = {}
-# Why "auto" stopped trying the CUDA kernel in this process (NVRTC or the driver would not load).
-_UNAVAILABLE: list[str] = []
 
 
 def supports(page_format: PageFormat, num_q_heads: int, q: torch.Tensor) -> bool:
@@ -77,28 +74,14 @@ def kernel_for(page_format: PageFormat, num_q_heads: int, q_dtype: torch.dtype,
 
 def select(backend: str, page_format: PageFormat, num_q_heads: int, q: torch.Tensor,
            eligible: bool) -> CudaKernel | None:
-    """The CUDA kernel to run for ``backend`` ("auto", "cuda", "triton"), or None for Triton.
-
-    "cuda" raises where the kernel does not apply; "auto" takes it where it applies and NVRTC
-    loads (once NVRTC has failed, "auto" warns once and stays on Triton for the process).
-    """
-    if backend == "triton":
-        return None
-    ok = eligible and supports(page_format, num_q_heads, q)
-    if backend == "cuda":
-        if not ok:
-            f = page_format
-            raise ValueError(f"the CUDA decode kernel does not cover format {f.name}, page size {f.page_size}, "
-                             f"head_dim {f.head_dim}, {num_q_heads} query heads, q {q.dtype} on {q.device}")
-        return kernel_for(page_format, num_q_heads, q.dtype, q.device)
-    if not ok or _UNAVAILABLE:
-        return None
-    try:
-        return kernel_for(page_format, num_q_heads, q.dtype, q.device)
-    except NvrtcUnavailableError as e:
-        _UNAVAILABLE.append(str(e))
-        warnings.warn(f"paged decode falls back to Triton: {e}", RuntimeWarning, stacklevel=3)
-        return None
+    """The CUDA kernel to run for ``backend`` ("auto", "cuda", "triton"), or None for Triton
+    (``nvrtc.choose``: "cuda" raises where the kernel does not apply)."""
+    f = page_format
+    return choose(backend, eligible and supports(f, num_q_heads, q),
+                  lambda: kernel_for(f, num_q_heads, q.dtype, q.device),
+                  lambda: (f"the CUDA decode kernel does not cover format {f.name}, page size {f.page_size}, "
+                           f"head_dim {f.head_dim}, {num_q_heads} query heads, q {q.dtype} on {q.device}"),
+                  "paged decode")
 
 
 def default_splits(kernel: CudaKernel, batch: int, kv_heads: int, max_pages: int, device: torch.device,

@@ -15,13 +15,12 @@ reference.
 from __future__ import annotations
 
 import ctypes
-import warnings
 
 import torch
 
 from kvwire.formats import ElementType, PageFormat
 from kvwire.kernels._common import gran_code
-from kvwire.kernels.nvrtc import CudaKernel, NvrtcUnavailableError, load_kernel
+from kvwire.kernels.nvrtc import CudaKernel, NvrtcUnavailableError, choose, load_kernel
 
 SOURCE = "quantize_pages.cu"
 KERNEL = "kvwire_quantize_pages"
@@ -33,8 +32,6 @@ CHUNKS_PER_THREAD = {ElementType.FP8: 4, ElementType.NVFP4: 8}
 # numerator; 1 is exact for bf16 numerators (all the kernel divides: checked for all 2^30 significand
 # pairs on the H200 by test_gpu_cuda_quantize.py) and measured 8% faster for NVFP4 (32.6 vs 35.3 us).
 DIVISION_STEPS = 1
-# Why "auto" stopped trying the CUDA kernel in this process (NVRTC or the driver would not load).
-_UNAVAILABLE: list[str] = []
 
 
 def supports(page_format: PageFormat, part: int, x: torch.Tensor, storage: torch.Tensor) -> bool:
@@ -73,29 +70,15 @@ def chunks_per_thread(page_format: PageFormat, part: int) -> int | None:
 
 def select(backend: str, page_format: PageFormat, part: int, x: torch.Tensor, storage: torch.Tensor,
            check_finite: bool, eligible: bool) -> CudaKernel | None:
-    """The CUDA kernel to run for ``backend`` ("auto", "cuda", "triton"), or None for Triton.
-
-    "cuda" raises where the kernel does not apply; "auto" takes it where it applies and NVRTC
-    loads (once NVRTC has failed, "auto" warns once and stays on Triton for the process).
-    """
-    if backend == "triton":
-        return None
-    ok = eligible and supports(page_format, part, x, storage)
-    if backend == "cuda":
-        if not ok:
-            f = page_format
-            raise ValueError(f"the CUDA quantise kernel does not cover {f.part_format(part).name} pages of "
-                             f"page size {f.page_size}, head_dim {f.head_dim} from {x.dtype} "
-                             f"strides {tuple(x.stride())} on {x.device}")
-        return kernel_for(page_format, part, check_finite, x.device)
-    if not ok or _UNAVAILABLE:
-        return None
-    try:
-        return kernel_for(page_format, part, check_finite, x.device)
-    except NvrtcUnavailableError as e:
-        _UNAVAILABLE.append(str(e))
-        warnings.warn(f"quantise-on-write falls back to Triton: {e}", RuntimeWarning, stacklevel=3)
-        return None
+    """The CUDA kernel to run for ``backend`` ("auto", "cuda", "triton"), or None for Triton
+    (``nvrtc.choose``: "cuda" raises where the kernel does not apply)."""
+    f = page_format
+    return choose(backend, eligible and supports(f, part, x, storage),
+                  lambda: kernel_for(f, part, check_finite, x.device),
+                  lambda: (f"the CUDA quantise kernel does not cover {f.part_format(part).name} pages of "
+                           f"page size {f.page_size}, head_dim {f.head_dim} from {x.dtype} "
+                           f"strides {tuple(x.stride())} on {x.device}"),
+                  "quantise-on-write")
 
 
 def launch(kern: CudaKernel, page_format: PageFormat, part: int, x: torch.Tensor, page_ids: torch.Tensor,

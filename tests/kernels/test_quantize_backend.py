@@ -83,3 +83,23 @@ def test_kernel_includes_name_shared_headers():
     for src in CUDA_SOURCE_DIR.glob("*.cu"):
         for name in re.findall(r'#include\s+"([^"]+)"', src.read_text()):
             assert name in headers, f"{src.name} includes {name}, which is not in {sorted(headers)}"
+
+
+def test_auto_falls_back_once_nvrtc_cannot_load(monkeypatch):
+    """A machine without NVRTC (a failure the CPU suite cannot cause otherwise): "auto" warns once,
+    then stays on Triton for every kernel without trying again; "cuda" still raises."""
+    from kvwire.kernels import nvrtc
+    monkeypatch.setattr(nvrtc, "UNAVAILABLE", [])
+    tries = []
+
+    def build():
+        tries.append(1)
+        raise nvrtc.NvrtcUnavailableError("no libnvrtc here")
+
+    with pytest.warns(RuntimeWarning, match="quantise-on-write falls back to Triton: no libnvrtc here"):
+        assert nvrtc.choose("auto", True, build, lambda: "", "quantise-on-write") is None
+    assert nvrtc.choose("auto", True, build, lambda: "", "paged decode") is None
+    assert len(tries) == 1 and nvrtc.UNAVAILABLE == ["no libnvrtc here"]
+    assert nvrtc.choose("triton", True, build, lambda: "", "x") is None
+    with pytest.raises(ValueError, match="not covered"):
+        nvrtc.choose("cuda", False, build, lambda: "not covered", "x")

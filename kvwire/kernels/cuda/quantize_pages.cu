@@ -44,12 +44,11 @@ __device__ __forceinline__ uint4 ld_stream(const u16* p) {
     ld16((const u8*)p, &r.x);
     return r;
 }
-__device__ __forceinline__ float f32_of(u32 bits) { return __uint_as_float(bits); }
 
 // Element e (0..7) of a 16-byte chunk of bf16, as fp32 (exact).
 __device__ __forceinline__ float elem(const uint4& v, int e) {
     u32 w = (e < 2) ? v.x : (e < 4) ? v.y : (e < 6) ? v.z : v.w;
-    return f32_of((e & 1) ? (w & 0xffff0000u) : (w << 16));
+    return __uint_as_float((e & 1) ? (w & 0xffff0000u) : (w << 16));
 }
 __device__ __forceinline__ float chunk_amax(const uint4& v) {
     float m = 0.0f;
@@ -73,7 +72,7 @@ __device__ __forceinline__ u32 e4m3x2(float hi, float lo) {
 // E4M3 bits (0..126, positive) -> fp32, exactly.
 __device__ __forceinline__ float e4m3_value(u32 b) {
     u32 e = b >> 3, m = b & 7;
-    return e == 0 ? (float)m * 0x1p-9f : f32_of(((e + 120) << 23) | (m << 20));
+    return e == 0 ? (float)m * 0x1p-9f : __uint_as_float(((e + 120) << 23) | (m << 20));
 }
 // |y| already clamped to [0, 6] -> E2M1 magnitude code 0..7, nearest, ties to even. The codes are
 // 2|y| rounded below 2, 2 + |y| rounded in [2, 4) and 4 + |y|/2 rounded in [4, 6]: scale by
@@ -91,16 +90,10 @@ __device__ __forceinline__ u32 e2m1_signs(const uint4& v) {
     const u32 odd = prmt(t0, t1, 0x7531), even = prmt(t0, t1, 0x6420);
     return (odd & 0x80808080u) | ((even >> 4) & 0x08080808u);
 }
-__device__ __forceinline__ float warp_max(float v, int from_mask) {
-#pragma unroll
-    for (int m = 16; m >= 1; m >>= 1)
-        if (m >= from_mask) v = fmaxf(v, shfl_xor(v, m));
-    return v;
-}
-
 // Max of a over the block (every thread gets it): warp shuffles, then one shared-memory step.
 __device__ __forceinline__ float block_max(float a, float* sm, int warp, int lane) {
-    a = warp_max(a, 1);
+#pragma unroll
+    for (int m = 16; m >= 1; m >>= 1) a = fmaxf(a, shfl_xor(a, m));
 #if NWARP > 1
     if (lane == 0) sm[warp] = a;
     block_sync();

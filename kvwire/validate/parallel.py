@@ -118,3 +118,5 @@ def run_parallel(config: SweepConfig, store: ResultStore, jobs: int, model_sourc
             if p.is_alive():
                 p.terminate()
             p.join(timeout=30)
+        out.close()            # release the queue's feeder thread and semaphores with the workers
+        out.join_thread()

@@ -31,7 +31,9 @@ MIN_PAGES_PER_WARP = 8
 # docs/bench-runs): resident warps matter more than a register ring. No ring (DEPTH=1: the next
 # page id is still read a step ahead) at 4 blocks/SM (<= 128 registers) beat the 2-page ring at 3
 # blocks/SM; a 3-page ring and L2 prefetch were slower.
-DEFAULT_TUNING: dict[str, int] = {"DEPTH": 1, "MINB": 4, "PREF": 0}
+# LAZYMAX = how far (log2 units) a score may pass the running max before the warp rescales; 0
+# keeps the exact max. 5 measured 1-4% faster than 0 (2026-12-03, docs/benchmarks.md).
+DEFAULT_TUNING: dict[str, int] = {"DEPTH": 1, "MINB": 4, "PREF": 0, "LAZYMAX": 5}
 # Per (key, value) element type overrides of the defaults. NVFP4 pages need the fewest registers,
 # and 5 blocks/SM (96 registers) measured best for them: 0.454 vs 0.491 ms at 32x32k.
 FORMAT_TUNING: dict[tuple[ElementType, ElementType], dict[str, int]] = {
@@ -115,6 +117,8 @@ def split_partials(kern: CudaKernel, q: torch.Tensor, storage: torch.Tensor, pag
     bsz = q.shape[0]
     if page_table.dtype != torch.int32 or num_pages.dtype != torch.int32:
         raise ValueError("page_table and num_pages must be int32 for the CUDA kernel")
+    if f.page_bytes >= 2**32:
+        raise ValueError(f"the CUDA kernel addresses pages with 32-bit sizes; {f.name} pages are {f.page_bytes} bytes")
     i64, i32, ptr = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
     kd, vd = offsets
     args = [ptr(q.data_ptr()), i64(q.stride(0)), i64(q.stride(1)),

@@ -15,12 +15,13 @@ from .test_gpu import _check_decode, _decode_problem
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 DEV = "cuda"
-VARIANTS = [{}, {"DEPTH": 2, "MINB": 1}, {"DEPTH": 3, "MINB": 1}, {"PREF": 2}]
+VARIANTS = [{}, {"DEPTH": 2, "MINB": 1}, {"DEPTH": 3, "MINB": 1}, {"PREF": 2}, {"LAZYMAX": 0}]
 
 
-@pytest.fixture(params=VARIANTS, ids=["default", "depth-2", "depth-3", "l2-prefetch"])
+@pytest.fixture(params=VARIANTS, ids=["default", "depth-2", "depth-3", "l2-prefetch", "exact-max"])
 def variant(request, monkeypatch):
-    """The shipped tuning (no register ring), rings of 2 and 3 pages and the L2 prefetch (other code paths)."""
+    """The shipped tuning (no register ring), rings of 2 and 3 pages, the L2 prefetch and the exact
+    running max (other code paths)."""
     tuning = dict(paged_decode_cuda.TUNING)
     tuning.update(request.param)
     monkeypatch.setattr(paged_decode_cuda, "TUNING", tuning)
@@ -54,26 +55,37 @@ def test_cuda_decode_any_split_count(splits, variant):
                   num_splits=splits)
 
 
+def _magnitude_problem(name, seed, n, key_mag, value_mag, static_scale, num_pages, tail_len):
+    """Two sequences over ``n`` random pages whose K (V) values are multiplied per page by ``key_mag``
+    (``value_mag``), tensors of shape [n, 1, 1, 1] or 1.0."""
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    f = make_format(name, page_size=16, layers=1, heads=4, head_dim=128)
+    storage = torch.empty((n + 8, f.page_bytes), dtype=torch.uint8, device=DEV)
+    static = torch.full((1, 2, 4), static_scale, device=DEV)
+    ids = torch.randperm(n + 8, device=DEV, generator=gen)[:n]
+    for part, mag in ((0, key_mag), (1, value_mag)):
+        write_pages_reference(storage, f, 0, part, ids, random_kv((n, 16, 4, 128), gen, DEV) * mag, static[0, part])
+    q = torch.randn((2, 16, 128), device=DEV, generator=gen)
+    tail = torch.randn((2, 1, 2, 4, 16, 128), device=DEV, generator=gen).to(torch.bfloat16)
+    return (q, storage, f, 0, ids.view(2, n // 2).int(), torch.tensor(num_pages, dtype=torch.int32, device=DEV), tail,
+            torch.tensor([0, 1], dtype=torch.int32, device=DEV), torch.tensor(tail_len, dtype=torch.int32, device=DEV),
+            static)
+
+
 @pytest.mark.parametrize("name", ["fp8-token", "fp8-page", "nvfp4", "fp8-token/nvfp4"])
 def test_cuda_decode_value_scales_far_apart(name, variant):
     """Pages whose K/V magnitudes differ by up to 2^28: the kernel's value reference must rescale."""
     gen = torch.Generator(device=DEV).manual_seed(3)
-    f = make_format(name, page_size=16, layers=1, heads=4, head_dim=128)
-    n = 300
-    storage = torch.empty((n + 8, f.page_bytes), dtype=torch.uint8, device=DEV)
-    static = torch.full((1, 2, 4), 0.01, device=DEV)
-    ids = torch.randperm(n + 8, device=DEV, generator=gen)[:n]
-    page_mag = torch.exp2(torch.randint(-14, 15, (n, 1, 1, 1), device=DEV, generator=gen).float())
-    for part in (0, 1):
-        x = random_kv((n, 16, 4, 128), gen, DEV) * (page_mag if part == 1 else 1.0)
-        write_pages_reference(storage, f, 0, part, ids, x, static[0, part])
-    q = torch.randn((2, 16, 128), device=DEV, generator=gen)
-    pt = ids.view(2, n // 2).int()
-    tail = torch.randn((2, 1, 2, 4, 16, 128), device=DEV, generator=gen).to(torch.bfloat16)
-    args = (q, storage, f, 0, pt, torch.tensor([n // 2, n // 3], dtype=torch.int32, device=DEV), tail,
-            torch.tensor([0, 1], dtype=torch.int32, device=DEV), torch.tensor([5, 16], dtype=torch.int32, device=DEV),
-            static)
-    _check_decode(args, 4e-3, backend="cuda")
+    page_mag = torch.exp2(torch.randint(-14, 15, (300, 1, 1, 1), device=DEV, generator=gen).float())
+    _check_decode(_magnitude_problem(name, 3, 300, 1.0, page_mag, 0.01, [150, 100], [5, 16]), 4e-3, backend="cuda")
+
+
+@pytest.mark.parametrize("name", ["fp8-tensor", "fp8-token", "nvfp4", "fp8-token/nvfp4"])
+def test_cuda_decode_scores_rising_along_the_sequence(name, variant):
+    """Key magnitudes growing 30x along the sequence: the running max moves in steps both under and
+    over the kernel's lazy-rescale threshold, and P must stay inside f16 either way."""
+    ramp = torch.linspace(0.2, 6.0, 400, device=DEV).view(400, 1, 1, 1)
+    _check_decode(_magnitude_problem(name, 5, 400, ramp, 1.0, 0.05, [200, 193], [3, 16]), 4e-3, backend="cuda")
 
 
 def test_cuda_decode_page_ids_past_65536_and_offsets_past_2_31(variant):

@@ -2,7 +2,8 @@
 //
 // Compiled at run time by NVRTC (kvwire/kernels/nvrtc.py) with these macros:
 //   H, G (<= 8), D (64 or 128), NW (warps per block), KELEM, VELEM (1 fp8, 2 nvfp4),
-//   KGRAN, VGRAN (0 none, 1 token, 2 page, 3 static: tensor/head; fp8 only), QF32 (q is fp32, else bf16).
+//   KGRAN, VGRAN (0 none, 1 token, 2 page, 3 static: tensor/head; fp8 only), QF32 (q is fp32, else bf16);
+//   tuning: DEPTH, MINB, PREF (paged_decode_cuda.py says what they are), LAZYMAX (0: exact running max).
 // It writes the same partial results (m, l, acc per split and query head, log2 units) as the
 // Triton split kernel, so the Triton reduce kernel attends the bf16 tail and merges the splits.
 //
@@ -35,6 +36,9 @@
 #endif
 #ifndef MINB
 #define MINB 1
+#endif
+#ifndef LAZYMAX
+#define LAZYMAX 5
 #endif
 #define NT (NW * 32)
 #define P 16
@@ -99,7 +103,21 @@ __device__ __forceinline__ float fmx(float a, float b) {
     asm("max.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
     return r;
 }
+__device__ __forceinline__ u32 ldh(const u8* p) {
+    u16 r;
+    asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(r) : "l"(p));
+    return (u32)r;
+}
 __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
+
+// A page's first byte: one 32x32 -> 64-bit multiply-add (page ids are non-negative and a page is
+// < 4 GiB; the launcher checks). Written as PTX so the compiler keeps one base per page and adds
+// each section's lane offset to it, instead of redoing a 64-bit multiply per section.
+__device__ __forceinline__ const u8* page_at(const u8* storage, int id, i64 page_bytes) {
+    unsigned long long r;
+    asm("mad.wide.u32 %0, %1, %2, %3;" : "=l"(r) : "r"((u32)id), "r"((u32)page_bytes), "l"(storage));
+    return (const u8*)r;
+}
 
 #if KELEM == 1
 #define KWORDS (D / 16)      // 32-bit words per K row per lane (D/4 bytes)
@@ -177,7 +195,7 @@ __device__ __forceinline__ void load_page(PageRegs& r, const u8* page, const Lan
     for (int rr = 0; rr < 2; ++rr) {
         if (D == 128) ld16(kb + rr * 8 * (D / 2), r.k[rr]); else ld8(kb + rr * 8 * (D / 2), r.k[rr]);
         const u8* b = bs + rr * 8 * (D / 16);
-        r.kbs[rr] = ldb(b) | (D == 128 ? ldb(b + 1) << 8 : 0u);
+        r.kbs[rr] = D == 128 ? ldh(b) : ldb(b);          // D/64 block scales: 2-byte aligned
     }
     r.ks[0] = r.ks[1] = ldf(page + o.ks);
 #endif
@@ -267,16 +285,26 @@ __device__ __forceinline__ void attend_page(const PageRegs& cur, const u32 (&qf)
 #endif
     // ---- online softmax over the page's 16 tokens, per head ----
     float pm0 = fmx(s[0], s[2]), pm1 = fmx(s[1], s[3]);
+#if LAZYMAX
+    // The running max is a reference, not the exact max: it moves only when a score passes it by
+    // more than 2^LAZYMAX (then P <= 2^LAZYMAX, and with the value-scale ratio <= 2^10 below it
+    // stays under 2^15 in f16). Most pages then skip the warp-wide max reduction (three rounds of
+    // shuffles on the critical path); the first page always takes it.
+    if (any_sync(pm0 > st.m0 + (float)LAZYMAX || pm1 > st.m1 + (float)LAZYMAX)) {
+#endif
 #pragma unroll
     for (int x = 4; x < 32; x <<= 1) { pm0 = fmx(pm0, shfl_xor(pm0, x)); pm1 = fmx(pm1, shfl_xor(pm1, x)); }
     const float mn0 = fmx(st.m0, pm0), mn1 = fmx(st.m1, pm1);
-    if (any_sync(mn0 > st.m0 || mn1 > st.m1)) {
+    if (LAZYMAX || any_sync(mn0 > st.m0 || mn1 > st.m1)) {
         const float a0 = ex2(st.m0 - mn0), a1 = ex2(st.m1 - mn1);
         st.l0 *= a0; st.l1 *= a1;
 #pragma unroll
         for (int i = 0; i < MTILES; ++i) { st.acc[i][0] *= a0; st.acc[i][1] *= a1; st.acc[i][2] *= a0; st.acc[i][3] *= a1; }
         st.m0 = mn0; st.m1 = mn1;
     }
+#if LAZYMAX
+    }
+#endif
     float p0 = ex2(s[0] - st.m0), p1v = ex2(s[1] - st.m1), p2 = ex2(s[2] - st.m0), p3 = ex2(s[3] - st.m1);
     st.l0 += p0 + p2; st.l1 += p1v + p3;
 #if VGRAN == 1 || VGRAN == 2 || VELEM == 2
@@ -318,15 +346,15 @@ __device__ __forceinline__ void attend_page(const PageRegs& cur, const u32 (&qf)
     const u32 vsB = e4m3x2_lo(prmt(cur.vbs[1], cur.vbs[3], 0x0040u));   // tokens ci+4, ci+12
 #pragma unroll
     for (int wq = 0; wq < VWORDS; ++wq) {
-        const u32 La = e2m1_lo_to_e4m3(cur.v[0][wq]), Ha = e2m1_hi_to_e4m3(cur.v[0][wq]);
-        const u32 Lb = e2m1_lo_to_e4m3(cur.v[1][wq]), Hb = e2m1_hi_to_e4m3(cur.v[1][wq]);
-        const u32 Lc = e2m1_lo_to_e4m3(cur.v[2][wq]), Hc = e2m1_hi_to_e4m3(cur.v[2][wq]);
-        const u32 Ld = e2m1_lo_to_e4m3(cur.v[3][wq]), Hd = e2m1_hi_to_e4m3(cur.v[3][wq]);
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
+            // Interleave the two tokens' code bytes, then unpack: the unpacking is bytewise, so it
+            // commutes with the permute, and permuting packed codes takes half as many permutes.
             const u32 sel = half ? 0x7362u : 0x5140u;
-            const u32 lA = prmt(La, Lc, sel), hA = prmt(Ha, Hc, sel);    // tokens ci, ci+8
-            const u32 lB = prmt(Lb, Ld, sel), hB = prmt(Hb, Hd, sel);    // tokens ci+4, ci+12
+            const u32 rA = prmt(cur.v[0][wq], cur.v[2][wq], sel);        // tokens ci, ci+8
+            const u32 rB = prmt(cur.v[1][wq], cur.v[3][wq], sel);        // tokens ci+4, ci+12
+            const u32 lA = e2m1_lo_to_e4m3(rA), hA = e2m1_hi_to_e4m3(rA);
+            const u32 lB = e2m1_lo_to_e4m3(rB), hB = e2m1_hi_to_e4m3(rB);
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int i = 4 * wq + 2 * half + e;                      // even d = 8wq + 2(2half+e)
@@ -423,7 +451,7 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
 #pragma unroll
     for (int k = 0; k < DEPTH - 1; ++k) {
         const int pg = first + k * NW;
-        if (pg < p1) load_page(ring[k], storage + (i64)pt[pg] * page_bytes, off);
+        if (pg < p1) load_page(ring[k], page_at(storage, pt[pg], page_bytes), off);
     }
     int id_ring = first + (DEPTH - 1) * NW < p1 ? pt[first + (DEPTH - 1) * NW] : 0;
 #if PREF > 0
@@ -440,7 +468,7 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
             const int pg = base + k * NW;
             if (pg < p1) {
                 const int pf = pg + (DEPTH - 1) * NW;
-                if (pf < p1) load_page(ring[(k + DEPTH - 1) % DEPTH], storage + (i64)id_ring * page_bytes, off);
+                if (pf < p1) load_page(ring[(k + DEPTH - 1) % DEPTH], page_at(storage, id_ring, page_bytes), off);
                 id_ring = pf + NW < p1 ? pt[pf + NW] : 0;
 #if PREF > 0
                 const int pp = pf + PREF * NW;

@@ -25,20 +25,21 @@ SOURCE = "paged_decode_split.cu"
 KERNEL = "kvwire_decode_split"
 NUM_WARPS = 4
 MIN_PAGES_PER_WARP = 8
-# Compile-time tuning of the kernel (see the .cu source): DEPTH = pages held in registers per warp
-# (the one attended + those in flight), MINB = minimum resident blocks per SM for __launch_bounds__,
-# PREF = pages beyond those that are prefetched into L2. Measured on the H200 (2026-12-03,
-# docs/bench-runs): resident warps matter more than a register ring. No ring (DEPTH=1: the next
-# page id is still read a step ahead) at 4 blocks/SM (<= 128 registers) beat the 2-page ring at 3
-# blocks/SM; a 3-page ring and L2 prefetch were slower.
-# LAZYMAX = how far (log2 units) a score may pass the running max before the warp rescales; 0
-# keeps the exact max. 5 measured 1-4% faster than 0 (2026-12-03, docs/benchmarks.md).
-DEFAULT_TUNING: dict[str, int] = {"DEPTH": 1, "MINB": 4, "PREF": 0, "LAZYMAX": 5}
-# Per (key, value) element type overrides of the defaults. NVFP4 pages need the fewest registers,
-# and 5 blocks/SM (96 registers) measured best for them: 0.454 vs 0.491 ms at 32x32k.
-FORMAT_TUNING: dict[tuple[ElementType, ElementType], dict[str, int]] = {
-    (ElementType.NVFP4, ElementType.NVFP4): {"MINB": 5},
-}
+# Compile-time tuning of the kernel (see the .cu source), measured on the H200 (2026-12-03,
+# docs/benchmarks.md "Tuning" and "Per-page trims"):
+# - DEPTH = pages held in registers per warp (the one attended + those in flight). 1: no register
+#   ring (the next page id is still read a step ahead); resident warps matter more than a ring.
+# - MINB = minimum resident blocks per SM for __launch_bounds__ (5: at most 96 registers).
+# - PREF = pages beyond those that are prefetched into L2 (0: measured no help).
+# - LAZYMAX = how far (log2 units) a score may pass the running max before the warp rescales
+#   (0 keeps the exact max; 5 measured 1-4% faster).
+# - QSMEM = q's MMA fragments in shared memory. At 96 registers that is what lets every page load
+#   issue before the page's first MMA (one memory round trip per page instead of two): at 32x32k
+#   nvfp4 0.438 -> 0.400 ms, fp8-token/nvfp4 0.464 -> 0.439, fp8-token 0.556 -> 0.545, fp8-tensor
+#   0.513 -> 0.503 (against q in registers at 4 blocks/SM, 5 for NVFP4).
+DEFAULT_TUNING: dict[str, int] = {"DEPTH": 1, "MINB": 5, "PREF": 0, "LAZYMAX": 5, "QSMEM": 1}
+# Per (key, value) element type overrides of the defaults (none measured better today).
+FORMAT_TUNING: dict[tuple[ElementType, ElementType], dict[str, int]] = {}
 # Overrides on top of both, for benchmarks, sweeps and tests of other variants.
 TUNING: dict[str, int] = {}
 

@@ -3,7 +3,8 @@
 // Compiled at run time by NVRTC (kvwire/kernels/nvrtc.py) with these macros:
 //   H, G (<= 8), D (64 or 128), NW (warps per block), KELEM, VELEM (1 fp8, 2 nvfp4),
 //   KGRAN, VGRAN (0 none, 1 token, 2 page, 3 static: tensor/head; fp8 only), QF32 (q is fp32, else bf16);
-//   tuning: DEPTH, MINB, PREF (paged_decode_cuda.py says what they are), LAZYMAX (0: exact running max).
+//   tuning: DEPTH, MINB, PREF (paged_decode_cuda.py says what they are), LAZYMAX (0: exact running
+//   max), QSMEM (q's fragments in shared memory instead of registers).
 // It writes the same partial results (m, l, acc per split and query head, log2 units) as the
 // Triton split kernel, so the Triton reduce kernel attends the bf16 tail and merges the splits.
 //
@@ -39,6 +40,9 @@
 #endif
 #ifndef LAZYMAX
 #define LAZYMAX 5
+#endif
+#ifndef QSMEM
+#define QSMEM 0
 #endif
 #define NT (NW * 32)
 #define P 16
@@ -249,8 +253,24 @@ struct SoftmaxState {
     float vinv;                      // 0 until the first page sets the value reference
 };
 
+// q as the B operand of the score MMAs, in the K visiting order: in registers, or (QSMEM=1) in
+// shared memory, read per k-step. The second frees 2 * D/16 registers per thread, which at 96
+// registers is what lets the compiler issue all of a page's loads before its first MMA (with q in
+// registers it delays the V loads past the score MMAs: two memory round trips per page).
+struct QOperand {
+#if QSMEM
+    u32 base;
+    __device__ __forceinline__ void get(int kt, u32& b0, u32& b1) const {
+        asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(b0), "=r"(b1) : "r"(base + kt * 256) : "memory");
+    }
+#else
+    u32 f[KSTEPS][2];
+    __device__ __forceinline__ void get(int kt, u32& b0, u32& b1) const { b0 = f[kt][0]; b1 = f[kt][1]; }
+#endif
+};
+
 // One page (16 tokens) of one warp: scores, online softmax, P.V. ``cur`` holds the page's registers.
-__device__ __forceinline__ void attend_page(const PageRegs& cur, const u32 (&qf)[KSTEPS][2], float cscale,
+__device__ __forceinline__ void attend_page(const PageRegs& cur, const QOperand& q, float cscale,
                                             int gi, int ci, SoftmaxState& st) {
     // ---- scores S^T[tok gi / gi+8, head 2ci / 2ci+1] ----
     float s[4] = {0.f, 0.f, 0.f, 0.f};
@@ -259,7 +279,9 @@ __device__ __forceinline__ void attend_page(const PageRegs& cur, const u32 (&qf)
 #pragma unroll
     for (int kt = 0; kt < KSTEPS; ++kt) {
         const u32 w0 = cur.k[0][kt], w1 = cur.k[1][kt];
-        mma16816((kt & 1) ? s2 : s, e4m3x2_lo(w0), e4m3x2_lo(w1), e4m3x2_hi(w0), e4m3x2_hi(w1), qf[kt][0], qf[kt][1]);
+        u32 b0, b1;
+        q.get(kt, b0, b1);
+        mma16816((kt & 1) ? s2 : s, e4m3x2_lo(w0), e4m3x2_lo(w1), e4m3x2_hi(w0), e4m3x2_hi(w1), b0, b1);
     }
 #else
 #pragma unroll
@@ -269,10 +291,13 @@ __device__ __forceinline__ void attend_page(const PageRegs& cur, const u32 (&qf)
         const u32 bs1 = e4m3x2_lo(prmt(cur.kbs[1], 0u, sel));
         const u32 L0 = e2m1_lo_to_e4m3(cur.k[0][w]), H0 = e2m1_hi_to_e4m3(cur.k[0][w]);
         const u32 L1 = e2m1_lo_to_e4m3(cur.k[1][w]), H1 = e2m1_hi_to_e4m3(cur.k[1][w]);
+        u32 b0, b1, b2, b3;
+        q.get(2 * w, b0, b1);
+        q.get(2 * w + 1, b2, b3);
         mma16816(s, hmul2(e4m3x2_lo(L0), bs0), hmul2(e4m3x2_lo(L1), bs1),
-                 hmul2(e4m3x2_lo(H0), bs0), hmul2(e4m3x2_lo(H1), bs1), qf[2 * w][0], qf[2 * w][1]);
+                 hmul2(e4m3x2_lo(H0), bs0), hmul2(e4m3x2_lo(H1), bs1), b0, b1);
         mma16816(s2, hmul2(e4m3x2_hi(L0), bs0), hmul2(e4m3x2_hi(L1), bs1),
-                 hmul2(e4m3x2_hi(H0), bs0), hmul2(e4m3x2_hi(H1), bs1), qf[2 * w + 1][0], qf[2 * w + 1][1]);
+                 hmul2(e4m3x2_hi(H0), bs0), hmul2(e4m3x2_hi(H1), bs1), b2, b3);
     }
 #endif
 #pragma unroll
@@ -406,7 +431,11 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
 #if KELEM == 2
     cscale *= 64.0f;                                    // E2M1 placed as E4M3 is value * 2^-6
 #endif
-    u32 qf[KSTEPS][2];
+    QOperand qop;
+#if QSMEM
+    __shared__ u32 sm_q[KSTEPS][32][2];
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(qop.base) : "l"(&sm_q[0][lane][0]));
+#endif
     {
         const i64 qoff = (i64)b * sq_b + (i64)(h * G + gi) * sq_h;
 #if QF32
@@ -429,11 +458,18 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
 #endif
             const float x0 = real ? QLOAD(d0) : 0.f, x1 = real ? QLOAD(d1) : 0.f;
             const float x2 = real ? QLOAD(d2) : 0.f, x3 = real ? QLOAD(d3) : 0.f;
-            qf[s][0] = pack_f16x2(x0, x1);
-            qf[s][1] = pack_f16x2(x2, x3);
+#if QSMEM
+            if (warp == 0) { sm_q[s][lane][0] = pack_f16x2(x0, x1); sm_q[s][lane][1] = pack_f16x2(x2, x3); }
+#else
+            qop.f[s][0] = pack_f16x2(x0, x1);
+            qop.f[s][1] = pack_f16x2(x2, x3);
+#endif
         }
     }
 
+#if QSMEM
+    block_sync();
+#endif
     SoftmaxState st;
     st.m0 = st.m1 = -1.0e30f;
     st.l0 = st.l1 = 0.f;
@@ -475,7 +511,7 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
                 if (pp < p1 && pf_line >= 0) prefetch_l2(storage + (i64)id_pref * page_bytes + pf_line);
                 id_pref = pp + NW < p1 ? pt[pp + NW] : 0;
 #endif
-                attend_page(ring[k], qf, cscale, gi, ci, st);
+                attend_page(ring[k], qop, cscale, gi, ci, st);
             }
         }
     }

@@ -75,12 +75,12 @@ def test_kernel_source_and_entry_point_exist():
 
 
 def test_kernel_includes_name_shared_headers():
-    """NVRTC sees no file system: every ``#include`` of a kernel must be a header nvrtc.py hands it."""
+    """NVRTC sees no file system: every ``#include`` of a kernel or header must be a header nvrtc.py hands it."""
     import re
 
     from kvwire.kernels.nvrtc import CUDA_SOURCE_DIR, shared_headers
     headers = shared_headers()
-    for src in CUDA_SOURCE_DIR.glob("*.cu"):
+    for src in [*CUDA_SOURCE_DIR.glob("*.cu"), *CUDA_SOURCE_DIR.glob("*.cuh")]:
         for name in re.findall(r'#include\s+"([^"]+)"', src.read_text()):
             assert name in headers, f"{src.name} includes {name}, which is not in {sorted(headers)}"
 

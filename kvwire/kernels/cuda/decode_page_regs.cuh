@@ -1,0 +1,130 @@
+// One page's bytes as a decode warp holds them: which bytes of each section a lane reads (the
+// fragment layout described at the top of paged_decode_split.cu), the registers they land in, and
+// the loads. Part of that kernel: it uses the kernel's compile-time macros (D, KELEM, VELEM, KGRAN,
+// VGRAN, P, VB) and is included after they are defined.
+#pragma once
+
+#include "fragment_ops.cuh"
+
+#if KELEM == 1
+#define KWORDS (D / 16)      // 32-bit words per K row per lane (D/4 bytes)
+#else
+#define KWORDS (D / 32)      // D/8 bytes of E2M1 codes per K row per lane
+#endif
+#if VELEM == 1
+#define VWORDS (D / 32)      // D/8 bytes per V token per lane
+#else
+#define VWORDS (D / 64)      // D/16 bytes of codes
+#endif
+#define KSTEPS (D / 16)
+#define MTILES (D / 16)
+
+struct PageRegs {
+    u32 k[2][KWORDS];        // rows gi, gi+8
+    u32 v[4][VWORDS];        // tokens ci, ci+4, ci+8, ci+12
+    float ks[2];             // key scale of tokens gi, gi+8 (token/page/global)
+    float vs[2];             // value scale of tokens gi, gi+8 (token/page/global)
+#if KELEM == 2
+    u32 kbs[2];              // E4M3 block scales of rows gi, gi+8 (bytes: one per word pair)
+#endif
+#if VELEM == 2
+    u32 vbs[4];              // E4M3 block scale of each V token's D/8 slice
+#endif
+};
+
+// Byte offsets of this lane's first element of each section inside a page (computed once: the
+// per-page address work is then one 64-bit add per section).
+struct LaneOffsets {
+    u32 k, ks, kbs, v, vs, vbs;
+};
+
+__device__ __forceinline__ LaneOffsets lane_offsets(int h, int gi, int ci, i64 k_data, i64 k_s, i64 k_bs, i64 k_gs,
+                                                    i64 v_data, i64 v_s, i64 v_bs, i64 v_gs) {
+    LaneOffsets o;
+#if KELEM == 1
+    o.k = (u32)(k_data + h * P * D + gi * D + 16 * ci);
+    o.kbs = 0;
+    o.ks = (u32)(KGRAN == 1 ? k_s + (h * P + gi) * 4 : (KGRAN == 2 ? k_s + h * 4 : 0));
+#else
+    o.k = (u32)(k_data + h * P * (D / 2) + gi * (D / 2) + ci * (D / 8));
+    o.kbs = (u32)(k_bs + (h * P + gi) * (D / 16) + ci * (D / 64));
+    o.ks = (u32)(k_gs + h * 4);
+#endif
+#if VELEM == 1
+    o.v = (u32)(v_data + h * P * D + ci * D + gi * VB);
+    o.vbs = 0;
+    o.vs = (u32)(VGRAN == 1 ? v_s + (h * P + gi) * 4 : (VGRAN == 2 ? v_s + h * 4 : 0));
+#else
+    o.v = (u32)(v_data + h * P * (D / 2) + ci * (D / 2) + gi * (VB / 2));
+    o.vbs = (u32)(v_bs + (h * P + ci) * (D / 16) + gi * VB / 16);
+    o.vs = (u32)(v_gs + h * 4);
+#endif
+    return o;
+}
+
+__device__ __forceinline__ void load_page(PageRegs& r, const u8* page, const LaneOffsets& o) {
+#if KELEM == 1
+    const u8* kb = page + o.k;
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr)
+#pragma unroll
+        for (int j = 0; j < D / 64; ++j) ld16(kb + rr * 8 * D + 64 * j, &r.k[rr][4 * j]);
+#if KGRAN == 1
+    r.ks[0] = ldf(page + o.ks);
+    r.ks[1] = ldf(page + o.ks + 32);
+#elif KGRAN == 2
+    r.ks[0] = r.ks[1] = ldf(page + o.ks);
+#endif
+#else
+    const u8* kb = page + o.k;
+    const u8* bs = page + o.kbs;
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        if (D == 128) ld16(kb + rr * 8 * (D / 2), r.k[rr]); else ld8(kb + rr * 8 * (D / 2), r.k[rr]);
+        const u8* b = bs + rr * 8 * (D / 16);
+        r.kbs[rr] = D == 128 ? ldh(b) : ldb(b);          // D/64 block scales: 2-byte aligned
+    }
+    r.ks[0] = r.ks[1] = ldf(page + o.ks);
+#endif
+#if VELEM == 1
+    const u8* vb = page + o.v;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+        if (D == 128) ld16(vb + 4 * t * D, r.v[t]); else ld8(vb + 4 * t * D, r.v[t]);
+    }
+#if VGRAN == 1
+    r.vs[0] = ldf(page + o.vs);
+    r.vs[1] = ldf(page + o.vs + 32);
+#elif VGRAN == 2
+    r.vs[0] = r.vs[1] = ldf(page + o.vs);
+#endif
+#else
+    const u8* vb = page + o.v;
+    const u8* vbs = page + o.vbs;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+        if (D == 128) ld8(vb + 4 * t * (D / 2), r.v[t]); else r.v[t][0] = *(const u32*)(vb + 4 * t * (D / 2));
+        r.vbs[t] = ldb(vbs + 4 * t * (D / 16));
+    }
+    r.vs[0] = r.vs[1] = ldf(page + o.vs);
+#endif
+}
+
+__device__ __forceinline__ void prefetch_l2(const u8* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+// The 128-byte line of a page this lane asks L2 for (-1: none): K data, V data, then the scale sections.
+__device__ __forceinline__ int prefetch_line(int h, int lane, i64 k_data, i64 k_s, i64 k_bs, i64 v_data, i64 v_s, i64 v_bs) {
+    const int kl = P * D * (KELEM == 1 ? 2 : 1) / 2 / 128;     // lines of one head's K data
+    const int vl = P * D * (VELEM == 1 ? 2 : 1) / 2 / 128;
+    if (lane < kl) return (int)(k_data + (i64)h * P * D * (KELEM == 1 ? 2 : 1) / 2 + lane * 128);
+    if (lane < kl + vl) return (int)(v_data + (i64)h * P * D * (VELEM == 1 ? 2 : 1) / 2 + (lane - kl) * 128);
+    if (lane == kl + vl) {
+        if (KGRAN == 1) return (int)(k_s + (i64)h * P * 4);
+        if (KELEM == 2) return (int)(k_bs + (i64)h * P * (D / 16));
+    }
+    if (lane == kl + vl + 1) {
+        if (VGRAN == 1) return (int)(v_s + (i64)h * P * 4);
+        if (VELEM == 2) return (int)(v_bs + (i64)h * P * (D / 16));
+    }
+    return -1;
+}

@@ -115,8 +115,11 @@ def run_parallel(config: SweepConfig, store: ResultStore, jobs: int, model_sourc
     finally:
         bar.close()
         for p in procs:
+            if running:            # stopped early (a failure, Ctrl-C): do not wait for the others
+                p.terminate()
+            p.join(timeout=30)     # finished workers exit on their own, running their finalizers
             if p.is_alive():
                 p.terminate()
-            p.join(timeout=30)
+                p.join(timeout=5)
         out.close()            # release the queue's feeder thread and semaphores with the workers
         out.join_thread()

@@ -298,7 +298,7 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
 #pragma unroll
     for (int k = 0; k < PREF; ++k) {
         const int pg = first + (DEPTH - 1 + k) * NW;
-        if (pg < p1 && pf_line >= 0) prefetch_l2(storage + (i64)pt[pg] * page_bytes + pf_line);
+        if (pg < p1 && pf_line >= 0) prefetch_l2(page_at(storage, pt[pg], page_bytes) + pf_line);
     }
     int id_pref = first + (DEPTH - 1 + PREF) * NW < p1 ? pt[first + (DEPTH - 1 + PREF) * NW] : 0;
 #endif
@@ -312,7 +312,7 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
                 id_ring = pf + NW < p1 ? pt[pf + NW] : 0;
 #if PREF > 0
                 const int pp = pf + PREF * NW;
-                if (pp < p1 && pf_line >= 0) prefetch_l2(storage + (i64)id_pref * page_bytes + pf_line);
+                if (pp < p1 && pf_line >= 0) prefetch_l2(page_at(storage, id_pref, page_bytes) + pf_line);
                 id_pref = pp + NW < p1 ? pt[pp + NW] : 0;
 #endif
                 attend_page(ring[k], qop, cscale, gi, ci, st);

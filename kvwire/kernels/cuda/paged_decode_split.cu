@@ -44,6 +44,45 @@
 #ifndef QSMEM
 #define QSMEM 0
 #endif
+#ifndef F16PLACE
+#define F16PLACE 0
+#endif
+// NVFP4 codes reach f16 by bit placement plus a byte permute (F16PLACE bit 0: keys, bit 1: values)
+// or by placement into E4M3 plus the hardware E4M3 -> f16 conversion (bit clear).
+#ifndef F8PLACE
+#define F8PLACE 0
+#endif
+// FP8 pages reach f16 by the same kind of bit placement (F8PLACE bit 0: keys, bit 1: values; then
+// the MMA pairs bytes 0,2 and 1,3 of a word, and q and the value interleave follow) or by the
+// hardware E4M3 -> f16 conversion (bit clear).
+#define F8K (KELEM == 1 && (F8PLACE & 1))
+#define F8V (VELEM == 1 && (F8PLACE & 2))
+#if F16PLACE & 1
+#define K_PLACE_LO e2m1_lo_to_f16hi
+#define K_PLACE_HI e2m1_hi_to_f16hi
+#define K_TO_F16_LO f16hi_lo
+#define K_TO_F16_HI f16hi_hi
+#define K_PLACE_SCALE 16384.0f
+#else
+#define K_PLACE_LO e2m1_lo_to_e4m3
+#define K_PLACE_HI e2m1_hi_to_e4m3
+#define K_TO_F16_LO e4m3x2_lo
+#define K_TO_F16_HI e4m3x2_hi
+#define K_PLACE_SCALE 64.0f
+#endif
+#if F16PLACE & 2
+#define V_PLACE_LO e2m1_lo_to_f16hi
+#define V_PLACE_HI e2m1_hi_to_f16hi
+#define V_TO_F16_LO f16hi_lo
+#define V_TO_F16_HI f16hi_hi
+#define V_PLACE_SCALE 16384.0f
+#else
+#define V_PLACE_LO e2m1_lo_to_e4m3
+#define V_PLACE_HI e2m1_hi_to_e4m3
+#define V_TO_F16_LO e4m3x2_lo
+#define V_TO_F16_HI e4m3x2_hi
+#define V_PLACE_SCALE 64.0f
+#endif
 #define NT (NW * 32)
 #define P 16
 #define VB (D / 8)
@@ -85,7 +124,12 @@ __device__ __forceinline__ void attend_page(const PageRegs& cur, const QOperand&
         const u32 w0 = cur.k[0][kt], w1 = cur.k[1][kt];
         u32 b0, b1;
         q.get(kt, b0, b1);
+#if F8K
+        mma16816((kt & 1) ? s2 : s, e4m3_02_to_f16x2(w0), e4m3_02_to_f16x2(w1), e4m3_13_to_f16x2(w0),
+                 e4m3_13_to_f16x2(w1), b0, b1);
+#else
         mma16816((kt & 1) ? s2 : s, e4m3x2_lo(w0), e4m3x2_lo(w1), e4m3x2_hi(w0), e4m3x2_hi(w1), b0, b1);
+#endif
     }
 #else
 #pragma unroll
@@ -93,15 +137,15 @@ __device__ __forceinline__ void attend_page(const PageRegs& cur, const QOperand&
         const u32 sel = (D == 128 && w >= 2) ? 0x1111u : 0x0000u;      // this word's block-scale byte, twice
         const u32 bs0 = e4m3x2_lo(prmt(cur.kbs[0], 0u, sel));
         const u32 bs1 = e4m3x2_lo(prmt(cur.kbs[1], 0u, sel));
-        const u32 L0 = e2m1_lo_to_e4m3(cur.k[0][w]), H0 = e2m1_hi_to_e4m3(cur.k[0][w]);
-        const u32 L1 = e2m1_lo_to_e4m3(cur.k[1][w]), H1 = e2m1_hi_to_e4m3(cur.k[1][w]);
+        const u32 L0 = K_PLACE_LO(cur.k[0][w]), H0 = K_PLACE_HI(cur.k[0][w]);
+        const u32 L1 = K_PLACE_LO(cur.k[1][w]), H1 = K_PLACE_HI(cur.k[1][w]);
         u32 b0, b1, b2, b3;
         q.get(2 * w, b0, b1);
         q.get(2 * w + 1, b2, b3);
-        mma16816(s, hmul2(e4m3x2_lo(L0), bs0), hmul2(e4m3x2_lo(L1), bs1),
-                 hmul2(e4m3x2_lo(H0), bs0), hmul2(e4m3x2_lo(H1), bs1), b0, b1);
-        mma16816(s2, hmul2(e4m3x2_hi(L0), bs0), hmul2(e4m3x2_hi(L1), bs1),
-                 hmul2(e4m3x2_hi(H0), bs0), hmul2(e4m3x2_hi(H1), bs1), b2, b3);
+        mma16816(s, hmul2(K_TO_F16_LO(L0), bs0), hmul2(K_TO_F16_LO(L1), bs1),
+                 hmul2(K_TO_F16_LO(H0), bs0), hmul2(K_TO_F16_LO(H1), bs1), b0, b1);
+        mma16816(s2, hmul2(K_TO_F16_HI(L0), bs0), hmul2(K_TO_F16_HI(L1), bs1),
+                 hmul2(K_TO_F16_HI(H0), bs0), hmul2(K_TO_F16_HI(H1), bs1), b2, b3);
     }
 #endif
 #pragma unroll
@@ -165,10 +209,18 @@ __device__ __forceinline__ void attend_page(const PageRegs& cur, const QOperand&
 #pragma unroll
     for (int i = 0; i < MTILES; ++i) {
         const int w = i / 2;
+#if F8V
+        const u32 sel = (i & 1) ? 0x7632u : 0x5410u;          // bytes 0,2: d even; 1,3: d odd
+        const u32 lo = prmt(cur.v[0][w], cur.v[2][w], sel);    // tokens ci, ci+8
+        const u32 hi = prmt(cur.v[1][w], cur.v[3][w], sel);    // tokens ci+4, ci+12
+        mma16816(st.acc[i], e4m3_02_to_f16x2(lo), e4m3_13_to_f16x2(lo), e4m3_02_to_f16x2(hi), e4m3_13_to_f16x2(hi),
+                 pb0, pb1);
+#else
         const u32 sel = (i & 1) ? 0x7362u : 0x5140u;
         const u32 lo = prmt(cur.v[0][w], cur.v[2][w], sel);    // tokens ci, ci+8
         const u32 hi = prmt(cur.v[1][w], cur.v[3][w], sel);    // tokens ci+4, ci+12
         mma16816(st.acc[i], e4m3x2_lo(lo), e4m3x2_hi(lo), e4m3x2_lo(hi), e4m3x2_hi(hi), pb0, pb1);
+#endif
     }
 #else
     const u32 vsA = e4m3x2_lo(prmt(cur.vbs[0], cur.vbs[2], 0x0040u));   // block scales of tokens ci, ci+8
@@ -182,15 +234,15 @@ __device__ __forceinline__ void attend_page(const PageRegs& cur, const QOperand&
             const u32 sel = half ? 0x7362u : 0x5140u;
             const u32 rA = prmt(cur.v[0][wq], cur.v[2][wq], sel);        // tokens ci, ci+8
             const u32 rB = prmt(cur.v[1][wq], cur.v[3][wq], sel);        // tokens ci+4, ci+12
-            const u32 lA = e2m1_lo_to_e4m3(rA), hA = e2m1_hi_to_e4m3(rA);
-            const u32 lB = e2m1_lo_to_e4m3(rB), hB = e2m1_hi_to_e4m3(rB);
+            const u32 lA = V_PLACE_LO(rA), hA = V_PLACE_HI(rA);
+            const u32 lB = V_PLACE_LO(rB), hB = V_PLACE_HI(rB);
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int i = 4 * wq + 2 * half + e;                      // even d = 8wq + 2(2half+e)
-                const u32 A0 = e ? e4m3x2_hi(lA) : e4m3x2_lo(lA);
-                const u32 A1 = e ? e4m3x2_hi(hA) : e4m3x2_lo(hA);
-                const u32 A2 = e ? e4m3x2_hi(lB) : e4m3x2_lo(lB);
-                const u32 A3 = e ? e4m3x2_hi(hB) : e4m3x2_lo(hB);
+                const u32 A0 = e ? V_TO_F16_HI(lA) : V_TO_F16_LO(lA);
+                const u32 A1 = e ? V_TO_F16_HI(hA) : V_TO_F16_LO(hA);
+                const u32 A2 = e ? V_TO_F16_HI(lB) : V_TO_F16_LO(lB);
+                const u32 A3 = e ? V_TO_F16_HI(hB) : V_TO_F16_LO(hB);
                 mma16816(st.acc[i], hmul2(A0, vsA), hmul2(A1, vsA), hmul2(A2, vsB), hmul2(A3, vsB), pb0, pb1);
             }
         }
@@ -232,8 +284,11 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
 #if KGRAN == 3
     cscale *= statics[(layer * 2 + 0) * H + h];
 #endif
+#if F8K
+    cscale *= 256.0f;                                   // placed E4M3 is value * 2^-8
+#endif
 #if KELEM == 2
-    cscale *= 64.0f;                                    // E2M1 placed as E4M3 is value * 2^-6
+    cscale *= K_PLACE_SCALE;                            // placed E2M1 is value * 2^-6 (E4M3) or 2^-14 (f16)
 #endif
     QOperand qop;
 #if QSMEM
@@ -255,7 +310,11 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
             int d0, d1, d2, d3;
 #if KELEM == 1
             const int base = 64 * (s / 4) + 16 * ci + 4 * (s % 4);
+#if F8K
+            d0 = base; d1 = base + 2; d2 = base + 1; d3 = base + 3;
+#else
             d0 = base; d1 = base + 1; d2 = base + 2; d3 = base + 3;
+#endif
 #else
             const int base = ci * (D / 4) + 8 * (s / 2) + 4 * (s % 2);
             d0 = base; d1 = base + 2; d2 = base + 1; d3 = base + 3;
@@ -330,8 +389,11 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
 #if VGRAN == 1 || VGRAN == 2 || VELEM == 2
     vfac *= st.vinv > 0.f ? 1.0f / st.vinv : 0.f;
 #endif
+#if F8V
+    vfac *= 256.0f;
+#endif
 #if VELEM == 2
-    vfac *= 64.0f;
+    vfac *= V_PLACE_SCALE;
 #endif
     if (gi == 0) {
         SM_M(warp, 2 * ci) = st.m0; SM_M(warp, 2 * ci + 1) = st.m1;

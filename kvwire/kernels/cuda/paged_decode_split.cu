@@ -4,7 +4,9 @@
 //   H, G (<= 8), D (64 or 128), NW (warps per block), KELEM, VELEM (1 fp8, 2 nvfp4),
 //   KGRAN, VGRAN (0 none, 1 token, 2 page, 3 static: tensor/head; fp8 only), QF32 (q is fp32, else bf16);
 //   tuning: DEPTH, MINB, PREF (paged_decode_cuda.py says what they are), LAZYMAX (0: exact running
-//   max), QSMEM (q's fragments in shared memory instead of registers).
+//   max), QSMEM (q's fragments in shared memory instead of registers), F16PLACE / F8PLACE (codes to
+//   f16 by bit placement instead of the conversion unit), STAGES (0: pages straight into registers;
+//   n >= 2: a ring of n shared-memory stages per warp filled by cp.async, decode_page_stage.cuh).
 // It writes the same partial results (m, l, acc per split and query head, log2 units) as the
 // Triton split kernel, so the Triton reduce kernel attends the bf16 tail and merges the splits.
 //
@@ -87,7 +89,17 @@
 #define P 16
 #define VB (D / 8)
 
+#ifndef STAGES
+#define STAGES 0
+#endif
+#if STAGES == 1
+#error "STAGES is 0 (pages straight into registers) or at least 2 (a ring of shared-memory stages)"
+#endif
+
 #include "decode_page_regs.cuh"      // fragment_ops.cuh, ptx_common.cuh through it
+#if STAGES
+#include "decode_page_stage.cuh"
+#endif
 
 struct SoftmaxState {
     float m0, m1;                    // running max of heads 2ci, 2ci+1 (log2 units)
@@ -260,10 +272,18 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
     i64 k_data, i64 k_s, i64 k_bs, i64 k_gs, i64 v_data, i64 v_s, i64 v_bs, i64 v_gs) {
     __shared__ float sm_m[NW][8];
     __shared__ float sm_l[NW][8];
-    __shared__ float sm_acc[NW][8][D + 1];
 #define SM_M(w, j) sm_m[w][j]
 #define SM_L(w, j) sm_l[w][j]
+#if STAGES
+    // The stage ring and the block's final merge share one buffer (the merge starts after a barrier).
+#define ACC_BYTES (NW * 8 * (D + 1) * 4)
+#define RING_BYTES (NW * RSTAGES * STAGE_BYTES)
+    __shared__ __align__(16) u8 sm_raw[RING_BYTES > ACC_BYTES ? RING_BYTES : ACC_BYTES];
+#define SM_ACC(w, j, d) ((float*)sm_raw)[((w) * 8 + (j)) * (D + 1) + (d)]
+#else
+    __shared__ float sm_acc[NW][8][D + 1];
 #define SM_ACC(w, j, d) sm_acc[w][j][d]
+#endif
 
     const int pid_s = blockIdx.x;
     const int pid_bh = blockIdx.y;
@@ -341,6 +361,38 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
     for (int i = 0; i < MTILES; ++i) st.acc[i][0] = st.acc[i][1] = st.acc[i][2] = st.acc[i][3] = 0.f;
     const int* pt = page_table + (i64)b * spt_b;
     const int first = p0 + warp;
+#if STAGES
+    // A ring of RSTAGES shared-memory stages per warp: RSTAGES - 1 pages in flight (cp.async groups,
+    // one per page, empty ones included so the group count stays in step) while one is attended.
+    u32 ring;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(ring) : "l"(sm_raw));
+    ring += warp * RSTAGES * STAGE_BYTES;
+    const CopyPlan plan = copy_plan(h, lane, k_data, k_s, k_bs, k_gs, v_data, v_s, v_bs, v_gs);
+    const LaneOffsets soff = stage_offsets(gi, ci);
+#pragma unroll
+    for (int k = 0; k < RSTAGES - 1; ++k) {
+        const int pg = first + k * NW;
+        if (pg < p1) copy_page(ring + k * STAGE_BYTES, page_at(storage, pt[pg], page_bytes), plan, lane);
+        cp_async_commit();
+    }
+    int id_next = first + (RSTAGES - 1) * NW < p1 ? pt[first + (RSTAGES - 1) * NW] : 0;
+    int slot = 0;
+    for (int pg = first; pg < p1; pg += NW) {
+        asm volatile("cp.async.wait_group %0;" ::"n"(RSTAGES - 2) : "memory");
+        warp_sync();                          // every lane's copies of this page have landed
+        PageRegs cur;
+        load_page(cur, SharedPage{ring + slot * STAGE_BYTES}, soff);
+        // The slot attended last step is refilled: its reads finished before that step's MMAs,
+        // and the warp_sync above orders them before any lane's new copies.
+        const int pf = pg + (RSTAGES - 1) * NW;
+        const int fill = slot == 0 ? RSTAGES - 1 : slot - 1;
+        if (pf < p1) copy_page(ring + fill * STAGE_BYTES, page_at(storage, id_next, page_bytes), plan, lane);
+        cp_async_commit();
+        id_next = pf + NW < p1 ? pt[pf + NW] : 0;
+        attend_page(cur, qop, cscale, gi, ci, st);
+        slot = slot == RSTAGES - 1 ? 0 : slot + 1;
+    }
+#else
     const LaneOffsets off = lane_offsets(h, gi, ci, k_data, k_s, k_bs, k_gs, v_data, v_s, v_bs, v_gs);
     // Page ids are read one step before they are needed (a load whose address waits on an id
     // would stall the warp for a whole L2 round trip on every page); PREF > 0 also asks L2 for
@@ -350,7 +402,7 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
 #pragma unroll
     for (int k = 0; k < DEPTH - 1; ++k) {
         const int pg = first + k * NW;
-        if (pg < p1) load_page(ring[k], page_at(storage, pt[pg], page_bytes), off);
+        if (pg < p1) load_page(ring[k], GlobalPage{page_at(storage, pt[pg], page_bytes)}, off);
     }
     int id_ring = first + (DEPTH - 1) * NW < p1 ? pt[first + (DEPTH - 1) * NW] : 0;
 #if PREF > 0
@@ -367,7 +419,7 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
             const int pg = base + k * NW;
             if (pg < p1) {
                 const int pf = pg + (DEPTH - 1) * NW;
-                if (pf < p1) load_page(ring[(k + DEPTH - 1) % DEPTH], page_at(storage, id_ring, page_bytes), off);
+                if (pf < p1) load_page(ring[(k + DEPTH - 1) % DEPTH], GlobalPage{page_at(storage, id_ring, page_bytes)}, off);
                 id_ring = pf + NW < p1 ? pt[pf + NW] : 0;
 #if PREF > 0
                 const int pp = pf + PREF * NW;
@@ -378,6 +430,7 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
             }
         }
     }
+#endif
 
     // ---- this warp's partial: sums over lanes, value scales, then the block's merge ----
 #pragma unroll
@@ -394,6 +447,9 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
 #endif
 #if VELEM == 2
     vfac *= V_PLACE_SCALE;
+#endif
+#if STAGES
+    block_sync();                             // other warps may still read their stages
 #endif
     if (gi == 0) {
         SM_M(warp, 2 * ci) = st.m0; SM_M(warp, 2 * ci + 1) = st.m1;

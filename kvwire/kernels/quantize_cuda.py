@@ -32,13 +32,6 @@ CHUNKS_PER_THREAD = {ElementType.FP8: 4, ElementType.NVFP4: 8}
 # numerator; 1 is exact for bf16 numerators (all the kernel divides: checked for all 2^30 significand
 # pairs on the H200 by test_gpu_cuda_quantize.py) and measured 8% faster for NVFP4 (32.6 vs 35.3 us).
 DIVISION_STEPS = 1
-# Persistent grid (one wave of blocks walking the tiles, the next tile's bf16 copied into shared
-# memory while this one is quantised) instead of one block per tile (every block of a wave loading,
-# then every block computing). Off until measured on the GPU.
-PERSISTENT = False
-# At most this many blocks in the persistent grid (0: one full wave); tests set it low so every
-# block walks many tiles.
-PERSISTENT_GRID_CAP = 0
 
 
 def supports(page_format: PageFormat, part: int, x: torch.Tensor, storage: torch.Tensor) -> bool:
@@ -59,7 +52,7 @@ def kernel_for(page_format: PageFormat, part: int, check_finite: bool, device: t
     fmt = f.part_format(part)
     defines = {"H": f.num_kv_heads, "P": f.page_size, "D": f.head_dim, "CPL": chunks_per_thread(f, part),
                "ELEM": 1 if fmt.element is ElementType.FP8 else 2, "GRAN": gran_code(fmt),
-               "CHECK": int(check_finite), "DIVSTEPS": DIVISION_STEPS, "PERSIST": int(PERSISTENT)}
+               "CHECK": int(check_finite), "DIVSTEPS": DIVISION_STEPS}
     return load_kernel(SOURCE, KERNEL, defines, device)
 
 
@@ -101,13 +94,7 @@ def launch(kern: CudaKernel, page_format: PageFormat, part: int, x: torch.Tensor
     args = [ptr(x.data_ptr()), i64(x.stride(0)), i64(x.stride(1)), i64(x.stride(2)), ptr(page_ids.data_ptr()),
             ptr(storage.data_ptr()), i64(f.page_bytes), i64(data_off), i64(s_off), i64(bs_off), i64(gs_off),
             ptr(static.data_ptr()), ptr(flag.data_ptr())]
-    if kern.defines.get("PERSIST"):
-        tiles = x.shape[0] * f.num_kv_heads
-        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-        grid = min(tiles, sms * max(1, kern.blocks_per_sm(threads)), PERSISTENT_GRID_CAP or tiles)
-        kern.launch((grid, 1, 1), (threads, 1, 1), [*args, ctypes.c_int32(tiles)])
-    else:
-        kern.launch((x.shape[0], f.num_kv_heads, 1), (threads, 1, 1), args)
+    kern.launch((x.shape[0], f.num_kv_heads, 1), (threads, 1, 1), args)
 
 
 __all__ = ["NvrtcUnavailableError", "kernel_for", "launch", "select", "supports"]

@@ -15,10 +15,9 @@ if [ -z "${SKIP_ENGINE:-}" ]; then
   OMP_NUM_THREADS=2 timeout ${ENGINE_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -n 4 --durations=8 \
       tests/kvwire/test_engine_gpu.py tests/kvwire/test_runner_batch.py 2>&1 | tee "$OUT/tests_engine.txt" | tail -25
 fi
-# Optional: CUDA kernel at other chunks per thread, division steps and grids, e.g.
-# CPL_SWEEP="2 4 8" STEPS_SWEEP="1 2" PERSIST_SWEEP="0 1 0 1" (persistent grid off/on, in that order).
+# Optional: CUDA kernel at other chunks per thread and division steps, e.g. CPL_SWEEP="2 4 8" STEPS_SWEEP="1 2".
 if [ -n "${CPL_SWEEP:-}" ]; then
-  python3 - "$FORMATS" "$CPL_SWEEP" "${STEPS_SWEEP:-2}" "${PERSIST_SWEEP:-0}" <<'PY' 2>&1 | tee "$OUT/cpl_sweep.txt"
+  python3 - "$FORMATS" "$CPL_SWEEP" "${STEPS_SWEEP:-2}" <<'PY' 2>&1 | tee "$OUT/cpl_sweep.txt"
 import sys, torch
 from kvwire.bench.attention import time_graph
 from kvwire.formats import KVFormat, PageFormat
@@ -33,11 +32,9 @@ for name in sys.argv[1].split(","):
     pools = [torch.zeros((2 * n, f.page_bytes), dtype=torch.uint8, device="cuda") for _ in xs]
     ids = torch.randperm(2 * n, device="cuda")[:n]
     static = torch.full((h,), 0.01, device="cuda")
-    for cpl, steps, persist in [(int(c), int(t), int(p)) for p in sys.argv[4].split() for c in sys.argv[2].split()
-                                for t in sys.argv[3].split()]:
+    for cpl, steps in [(int(c), int(t)) for c in sys.argv[2].split() for t in sys.argv[3].split()]:
         quantize_cuda.CHUNKS_PER_THREAD[f.kv.key.element] = cpl
         quantize_cuda.DIVISION_STEPS = steps
-        quantize_cuda.PERSISTENT = bool(persist)
         if quantize_cuda.chunks_per_thread(f, 0) != cpl:
             continue
         fns = [(lambda p=p, x=x: write_pages(p, f, 0, 0, ids, x, static, check_finite=False, backend="cuda"))
@@ -45,7 +42,7 @@ for name in sys.argv[1].split(","):
         ms = time_graph(fns, 20)
         k = quantize_cuda.kernel_for(f, 0, False, xs[0].device)
         tb = (xs[0].numel() * 2 + written_bytes(f, 0, n)) / ms / 1e9
-        print(f"{name:11s} CPL={cpl} steps={steps} persistent={persist} regs={k.num_regs} blocks/SM={k.blocks_per_sm(16 * d // (8 * quantize_cuda.chunks_per_thread(f, 0)))} {ms * 1e3:.1f} us {tb:.2f} TB/s", flush=True)
+        print(f"{name:11s} CPL={cpl} steps={steps} regs={k.num_regs} blocks/SM={k.blocks_per_sm(16 * d // (8 * quantize_cuda.chunks_per_thread(f, 0)))} {ms * 1e3:.1f} us {tb:.2f} TB/s", flush=True)
     del pools
 PY
 fi

@@ -16,16 +16,13 @@ from .test_gpu import _check_decode, _decode_problem
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 DEV = "cuda"
 VARIANTS = [{}, {"DEPTH": 2, "MINB": 1}, {"DEPTH": 3, "MINB": 1}, {"PREF": 2}, {"LAZYMAX": 0},
-            {"QSMEM": 0, "MINB": 4}, {"F16PLACE": 3, "F8PLACE": 3}, {"F16PLACE": 0, "F8PLACE": 0},
-            {"STAGES": 3}, {"STAGES": 2, "MINB": 4}]
+            {"QSMEM": 0, "MINB": 4}]
 
 
-@pytest.fixture(params=VARIANTS, ids=["default", "depth-2", "depth-3", "l2-prefetch", "exact-max", "q-in-registers",
-                                      "bit-placed", "converted", "staged-3", "staged-2"])
+@pytest.fixture(params=VARIANTS, ids=["default", "depth-2", "depth-3", "l2-prefetch", "exact-max", "q-in-registers"])
 def variant(request, monkeypatch):
     """The shipped tuning (q in shared memory, no register ring), rings of 2 and 3 pages, the L2
-    prefetch, the exact running max, q in registers, every code reaching f16 by bit placement or
-    by the hardware conversion, and pages staged through shared memory (other code paths)."""
+    prefetch, the exact running max and q in registers (other code paths)."""
     tuning = dict(paged_decode_cuda.TUNING)
     tuning.update(request.param)
     monkeypatch.setattr(paged_decode_cuda, "TUNING", tuning)

@@ -47,15 +47,11 @@ def test_fast_division_is_exact_for_every_bf16_numerator(steps):
     assert int(bad) == 0, f"{int(bad)} quotients differ from div.rn with {steps} step(s), e.g. {x!r} / {s!r}"
 
 
-@pytest.fixture(params=[(1, False), (2, False), (1, True)], ids=["1-step", "2-step", "1-step-persistent"])
+@pytest.fixture(params=[1, 2], ids=["1-step", "2-step"])
 def division_steps(request, monkeypatch):
-    """Both exact-division variants of the kernel (cuda/exact_division.cuh), and the persistent
-    grid that copies the next tile into shared memory while it quantises this one."""
-    steps, persistent = request.param
-    monkeypatch.setattr(quantize_cuda, "DIVISION_STEPS", steps)
-    monkeypatch.setattr(quantize_cuda, "PERSISTENT", persistent)
-    monkeypatch.setattr(quantize_cuda, "PERSISTENT_GRID_CAP", 7)     # each block walks many tiles
-    return steps
+    """Both exact-division variants of the kernel (cuda/exact_division.cuh)."""
+    monkeypatch.setattr(quantize_cuda, "DIVISION_STEPS", request.param)
+    return request.param
 
 
 def _special_pages(x: torch.Tensor, name: str, gen: torch.Generator) -> None:

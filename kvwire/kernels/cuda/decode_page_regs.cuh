@@ -62,83 +62,51 @@ __device__ __forceinline__ LaneOffsets lane_offsets(int h, int gi, int ci, i64 k
     return o;
 }
 
-// Where a page's bytes are read from: global memory (the page itself) or a shared-memory copy of
-// this head's slice of it (STAGES), with the same offsets either way (LaneOffsets).
-struct GlobalPage {
-    const u8* p;
-    __device__ __forceinline__ void v16(u32 o, int c, u32* r) const { ld16(p + o + c, r); }
-    __device__ __forceinline__ void v8(u32 o, int c, u32* r) const { ld8(p + o + c, r); }
-    __device__ __forceinline__ u32 w32(u32 o, int c) const { return *(const u32*)(p + o + c); }
-    __device__ __forceinline__ float f32(u32 o, int c) const { return ldf(p + o + c); }
-    __device__ __forceinline__ u32 b16(u32 o, int c) const { return ldh(p + o + c); }
-    __device__ __forceinline__ u32 b8(u32 o, int c) const { return ldb(p + o + c); }
-};
-struct SharedPage {
-    u32 s;
-    __device__ __forceinline__ void v16(u32 o, int c, u32* r) const {
-        asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s + o + c) : "memory");
-    }
-    __device__ __forceinline__ void v8(u32 o, int c, u32* r) const {
-        asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(s + o + c) : "memory");
-    }
-    __device__ __forceinline__ u32 w32(u32 o, int c) const {
-        u32 r;
-        asm volatile("ld.shared.u32 %0, [%1];" : "=r"(r) : "r"(s + o + c) : "memory");
-        return r;
-    }
-    __device__ __forceinline__ float f32(u32 o, int c) const { return __uint_as_float(w32(o, c)); }
-    __device__ __forceinline__ u32 b16(u32 o, int c) const {
-        u16 r;
-        asm volatile("ld.shared.u16 %0, [%1];" : "=h"(r) : "r"(s + o + c) : "memory");
-        return (u32)r;
-    }
-    __device__ __forceinline__ u32 b8(u32 o, int c) const {
-        u16 r;
-        asm volatile("ld.shared.u8 %0, [%1];" : "=h"(r) : "r"(s + o + c) : "memory");
-        return (u32)r;
-    }
-};
-
-template <class Mem>
-__device__ __forceinline__ void load_page(PageRegs& r, const Mem& m, const LaneOffsets& o) {
+__device__ __forceinline__ void load_page(PageRegs& r, const u8* page, const LaneOffsets& o) {
 #if KELEM == 1
+    const u8* kb = page + o.k;
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr)
 #pragma unroll
-        for (int j = 0; j < D / 64; ++j) m.v16(o.k, rr * 8 * D + 64 * j, &r.k[rr][4 * j]);
+        for (int j = 0; j < D / 64; ++j) ld16(kb + rr * 8 * D + 64 * j, &r.k[rr][4 * j]);
 #if KGRAN == 1
-    r.ks[0] = m.f32(o.ks, 0);
-    r.ks[1] = m.f32(o.ks, 32);
+    r.ks[0] = ldf(page + o.ks);
+    r.ks[1] = ldf(page + o.ks + 32);
 #elif KGRAN == 2
-    r.ks[0] = r.ks[1] = m.f32(o.ks, 0);
+    r.ks[0] = r.ks[1] = ldf(page + o.ks);
 #endif
 #else
+    const u8* kb = page + o.k;
+    const u8* bs = page + o.kbs;
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
-        if (D == 128) m.v16(o.k, rr * 8 * (D / 2), r.k[rr]); else m.v8(o.k, rr * 8 * (D / 2), r.k[rr]);
-        const int b = rr * 8 * (D / 16);
-        r.kbs[rr] = D == 128 ? m.b16(o.kbs, b) : m.b8(o.kbs, b);          // D/64 block scales: 2-byte aligned
+        if (D == 128) ld16(kb + rr * 8 * (D / 2), r.k[rr]); else ld8(kb + rr * 8 * (D / 2), r.k[rr]);
+        const u8* b = bs + rr * 8 * (D / 16);
+        r.kbs[rr] = D == 128 ? ldh(b) : ldb(b);          // D/64 block scales: 2-byte aligned
     }
-    r.ks[0] = r.ks[1] = m.f32(o.ks, 0);
+    r.ks[0] = r.ks[1] = ldf(page + o.ks);
 #endif
 #if VELEM == 1
+    const u8* vb = page + o.v;
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
-        if (D == 128) m.v16(o.v, 4 * t * D, r.v[t]); else m.v8(o.v, 4 * t * D, r.v[t]);
+        if (D == 128) ld16(vb + 4 * t * D, r.v[t]); else ld8(vb + 4 * t * D, r.v[t]);
     }
 #if VGRAN == 1
-    r.vs[0] = m.f32(o.vs, 0);
-    r.vs[1] = m.f32(o.vs, 32);
+    r.vs[0] = ldf(page + o.vs);
+    r.vs[1] = ldf(page + o.vs + 32);
 #elif VGRAN == 2
-    r.vs[0] = r.vs[1] = m.f32(o.vs, 0);
+    r.vs[0] = r.vs[1] = ldf(page + o.vs);
 #endif
 #else
+    const u8* vb = page + o.v;
+    const u8* vbs = page + o.vbs;
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
-        if (D == 128) m.v8(o.v, 4 * t * (D / 2), r.v[t]); else r.v[t][0] = m.w32(o.v, 4 * t * (D / 2));
-        r.vbs[t] = m.b8(o.vbs, 4 * t * (D / 16));
+        if (D == 128) ld8(vb + 4 * t * (D / 2), r.v[t]); else r.v[t][0] = *(const u32*)(vb + 4 * t * (D / 2));
+        r.vbs[t] = ldb(vbs + 4 * t * (D / 16));
     }
-    r.vs[0] = r.vs[1] = m.f32(o.vs, 0);
+    r.vs[0] = r.vs[1] = ldf(page + o.vs);
 #endif
 }
 

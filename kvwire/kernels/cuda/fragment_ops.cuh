@@ -25,12 +25,6 @@ __device__ __forceinline__ u32 e4m3x2_hi(u32 w) {  // bytes 2,3 -> f16x2
     asm("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.rn.f16x2.e4m3x2 %0, hi; }" : "=r"(r) : "r"(w));
     return r;
 }
-// E4M3 bytes 0 and 2 (or 1 and 3) -> f16x2 of value * 2^-8 without the conversion unit: each byte
-// with its sign replicated above it (byte permute), shifted so the 7 magnitude bits land on the
-// f16 exponent and mantissa and the replicated sign on bit 15, then masked. E4M3's NaN (0x7F)
-// becomes a finite 1.875: pages never hold NaN (the writer saturates).
-__device__ __forceinline__ u32 e4m3_02_to_f16x2(u32 w) { return (prmt(w, 0u, 0xA280u) << 7) & 0xBF80BF80u; }
-__device__ __forceinline__ u32 e4m3_13_to_f16x2(u32 w) { return (prmt(w, 0u, 0xB391u) << 7) & 0xBF80BF80u; }
 __device__ __forceinline__ u32 hmul2(u32 a, u32 b) {
     u32 r;
     asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
@@ -39,14 +33,6 @@ __device__ __forceinline__ u32 hmul2(u32 a, u32 b) {
 // E2M1 codes (low nibble = even element) -> E4M3 bytes of value * 2^-6: bit placement.
 __device__ __forceinline__ u32 e2m1_lo_to_e4m3(u32 w) { return ((w << 4) & 0x80808080u) | ((w << 2) & 0x1C1C1C1Cu); }
 __device__ __forceinline__ u32 e2m1_hi_to_e4m3(u32 w) { return (w & 0x80808080u) | ((w >> 2) & 0x1C1C1C1Cu); }
-// E2M1 codes -> the high bytes of f16 values of value * 2^-14 (sign to bit 7, exponent and
-// mantissa to bits 3..1; the zero-exponent codes land on f16 subnormals exactly). Two such bytes
-// become an f16x2 with a byte permute against zero (f16hi_lo / f16hi_hi) instead of the E4M3 ->
-// f16 conversion: the same instruction count, on the integer pipe instead of the conversion unit.
-__device__ __forceinline__ u32 e2m1_lo_to_f16hi(u32 w) { return ((w << 4) & 0x80808080u) | ((w << 1) & 0x0E0E0E0Eu); }
-__device__ __forceinline__ u32 e2m1_hi_to_f16hi(u32 w) { return (w & 0x80808080u) | ((w >> 3) & 0x0E0E0E0Eu); }
-__device__ __forceinline__ u32 f16hi_lo(u32 w) { return prmt(w, 0u, 0x1404u); }  // bytes 0,1 -> f16x2
-__device__ __forceinline__ u32 f16hi_hi(u32 w) { return prmt(w, 0u, 0x3424u); }  // bytes 2,3 -> f16x2
 
 __device__ __forceinline__ void mma16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"

@@ -4,9 +4,7 @@
 //   H, G (<= 8), D (64 or 128), NW (warps per block), KELEM, VELEM (1 fp8, 2 nvfp4),
 //   KGRAN, VGRAN (0 none, 1 token, 2 page, 3 static: tensor/head; fp8 only), QF32 (q is fp32, else bf16);
 //   tuning: DEPTH, MINB, PREF (paged_decode_cuda.py says what they are), LAZYMAX (0: exact running
-//   max), QSMEM (q's fragments in shared memory instead of registers), F16PLACE / F8PLACE (codes to
-//   f16 by bit placement instead of the conversion unit), STAGES (0: pages straight into registers;
-//   n >= 2: a ring of n shared-memory stages per warp filled by cp.async, decode_page_stage.cuh).
+//   max), QSMEM (q's fragments in shared memory instead of registers).
 // It writes the same partial results (m, l, acc per split and query head, log2 units) as the
 // Triton split kernel, so the Triton reduce kernel attends the bf16 tail and merges the splits.
 //
@@ -46,60 +44,11 @@
 #ifndef QSMEM
 #define QSMEM 0
 #endif
-#ifndef F16PLACE
-#define F16PLACE 0
-#endif
-// NVFP4 codes reach f16 by bit placement plus a byte permute (F16PLACE bit 0: keys, bit 1: values)
-// or by placement into E4M3 plus the hardware E4M3 -> f16 conversion (bit clear).
-#ifndef F8PLACE
-#define F8PLACE 0
-#endif
-// FP8 pages reach f16 by the same kind of bit placement (F8PLACE bit 0: keys, bit 1: values; then
-// the MMA pairs bytes 0,2 and 1,3 of a word, and q and the value interleave follow) or by the
-// hardware E4M3 -> f16 conversion (bit clear).
-#define F8K (KELEM == 1 && (F8PLACE & 1))
-#define F8V (VELEM == 1 && (F8PLACE & 2))
-#if F16PLACE & 1
-#define K_PLACE_LO e2m1_lo_to_f16hi
-#define K_PLACE_HI e2m1_hi_to_f16hi
-#define K_TO_F16_LO f16hi_lo
-#define K_TO_F16_HI f16hi_hi
-#define K_PLACE_SCALE 16384.0f
-#else
-#define K_PLACE_LO e2m1_lo_to_e4m3
-#define K_PLACE_HI e2m1_hi_to_e4m3
-#define K_TO_F16_LO e4m3x2_lo
-#define K_TO_F16_HI e4m3x2_hi
-#define K_PLACE_SCALE 64.0f
-#endif
-#if F16PLACE & 2
-#define V_PLACE_LO e2m1_lo_to_f16hi
-#define V_PLACE_HI e2m1_hi_to_f16hi
-#define V_TO_F16_LO f16hi_lo
-#define V_TO_F16_HI f16hi_hi
-#define V_PLACE_SCALE 16384.0f
-#else
-#define V_PLACE_LO e2m1_lo_to_e4m3
-#define V_PLACE_HI e2m1_hi_to_e4m3
-#define V_TO_F16_LO e4m3x2_lo
-#define V_TO_F16_HI e4m3x2_hi
-#define V_PLACE_SCALE 64.0f
-#endif
 #define NT (NW * 32)
 #define P 16
 #define VB (D / 8)
 
-#ifndef STAGES
-#define STAGES 0
-#endif
-#if STAGES == 1
-#error "STAGES is 0 (pages straight into registers) or at least 2 (a ring of shared-memory stages)"
-#endif
-
 #include "decode_page_regs.cuh"      // fragment_ops.cuh, ptx_common.cuh through it
-#if STAGES
-#include "decode_page_stage.cuh"
-#endif
 
 struct SoftmaxState {
     float m0, m1;                    // running max of heads 2ci, 2ci+1 (log2 units)
@@ -136,12 +85,7 @@ __device__ __forceinline__ void attend_page(const PageRegs& cur, const QOperand&
         const u32 w0 = cur.k[0][kt], w1 = cur.k[1][kt];
         u32 b0, b1;
         q.get(kt, b0, b1);
-#if F8K
-        mma16816((kt & 1) ? s2 : s, e4m3_02_to_f16x2(w0), e4m3_02_to_f16x2(w1), e4m3_13_to_f16x2(w0),
-                 e4m3_13_to_f16x2(w1), b0, b1);
-#else
         mma16816((kt & 1) ? s2 : s, e4m3x2_lo(w0), e4m3x2_lo(w1), e4m3x2_hi(w0), e4m3x2_hi(w1), b0, b1);
-#endif
     }
 #else
 #pragma unroll
@@ -149,15 +93,15 @@ __device__ __forceinline__ void attend_page(const PageRegs& cur, const QOperand&
         const u32 sel = (D == 128 && w >= 2) ? 0x1111u : 0x0000u;      // this word's block-scale byte, twice
         const u32 bs0 = e4m3x2_lo(prmt(cur.kbs[0], 0u, sel));
         const u32 bs1 = e4m3x2_lo(prmt(cur.kbs[1], 0u, sel));
-        const u32 L0 = K_PLACE_LO(cur.k[0][w]), H0 = K_PLACE_HI(cur.k[0][w]);
-        const u32 L1 = K_PLACE_LO(cur.k[1][w]), H1 = K_PLACE_HI(cur.k[1][w]);
+        const u32 L0 = e2m1_lo_to_e4m3(cur.k[0][w]), H0 = e2m1_hi_to_e4m3(cur.k[0][w]);
+        const u32 L1 = e2m1_lo_to_e4m3(cur.k[1][w]), H1 = e2m1_hi_to_e4m3(cur.k[1][w]);
         u32 b0, b1, b2, b3;
         q.get(2 * w, b0, b1);
         q.get(2 * w + 1, b2, b3);
-        mma16816(s, hmul2(K_TO_F16_LO(L0), bs0), hmul2(K_TO_F16_LO(L1), bs1),
-                 hmul2(K_TO_F16_LO(H0), bs0), hmul2(K_TO_F16_LO(H1), bs1), b0, b1);
-        mma16816(s2, hmul2(K_TO_F16_HI(L0), bs0), hmul2(K_TO_F16_HI(L1), bs1),
-                 hmul2(K_TO_F16_HI(H0), bs0), hmul2(K_TO_F16_HI(H1), bs1), b2, b3);
+        mma16816(s, hmul2(e4m3x2_lo(L0), bs0), hmul2(e4m3x2_lo(L1), bs1),
+                 hmul2(e4m3x2_lo(H0), bs0), hmul2(e4m3x2_lo(H1), bs1), b0, b1);
+        mma16816(s2, hmul2(e4m3x2_hi(L0), bs0), hmul2(e4m3x2_hi(L1), bs1),
+                 hmul2(e4m3x2_hi(H0), bs0), hmul2(e4m3x2_hi(H1), bs1), b2, b3);
     }
 #endif
 #pragma unroll
@@ -221,18 +165,10 @@ __device__ __forceinline__ void attend_page(const PageRegs& cur, const QOperand&
 #pragma unroll
     for (int i = 0; i < MTILES; ++i) {
         const int w = i / 2;
-#if F8V
-        const u32 sel = (i & 1) ? 0x7632u : 0x5410u;          // bytes 0,2: d even; 1,3: d odd
-        const u32 lo = prmt(cur.v[0][w], cur.v[2][w], sel);    // tokens ci, ci+8
-        const u32 hi = prmt(cur.v[1][w], cur.v[3][w], sel);    // tokens ci+4, ci+12
-        mma16816(st.acc[i], e4m3_02_to_f16x2(lo), e4m3_13_to_f16x2(lo), e4m3_02_to_f16x2(hi), e4m3_13_to_f16x2(hi),
-                 pb0, pb1);
-#else
         const u32 sel = (i & 1) ? 0x7362u : 0x5140u;
         const u32 lo = prmt(cur.v[0][w], cur.v[2][w], sel);    // tokens ci, ci+8
         const u32 hi = prmt(cur.v[1][w], cur.v[3][w], sel);    // tokens ci+4, ci+12
         mma16816(st.acc[i], e4m3x2_lo(lo), e4m3x2_hi(lo), e4m3x2_lo(hi), e4m3x2_hi(hi), pb0, pb1);
-#endif
     }
 #else
     const u32 vsA = e4m3x2_lo(prmt(cur.vbs[0], cur.vbs[2], 0x0040u));   // block scales of tokens ci, ci+8
@@ -246,15 +182,15 @@ __device__ __forceinline__ void attend_page(const PageRegs& cur, const QOperand&
             const u32 sel = half ? 0x7362u : 0x5140u;
             const u32 rA = prmt(cur.v[0][wq], cur.v[2][wq], sel);        // tokens ci, ci+8
             const u32 rB = prmt(cur.v[1][wq], cur.v[3][wq], sel);        // tokens ci+4, ci+12
-            const u32 lA = V_PLACE_LO(rA), hA = V_PLACE_HI(rA);
-            const u32 lB = V_PLACE_LO(rB), hB = V_PLACE_HI(rB);
+            const u32 lA = e2m1_lo_to_e4m3(rA), hA = e2m1_hi_to_e4m3(rA);
+            const u32 lB = e2m1_lo_to_e4m3(rB), hB = e2m1_hi_to_e4m3(rB);
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int i = 4 * wq + 2 * half + e;                      // even d = 8wq + 2(2half+e)
-                const u32 A0 = e ? V_TO_F16_HI(lA) : V_TO_F16_LO(lA);
-                const u32 A1 = e ? V_TO_F16_HI(hA) : V_TO_F16_LO(hA);
-                const u32 A2 = e ? V_TO_F16_HI(lB) : V_TO_F16_LO(lB);
-                const u32 A3 = e ? V_TO_F16_HI(hB) : V_TO_F16_LO(hB);
+                const u32 A0 = e ? e4m3x2_hi(lA) : e4m3x2_lo(lA);
+                const u32 A1 = e ? e4m3x2_hi(hA) : e4m3x2_lo(hA);
+                const u32 A2 = e ? e4m3x2_hi(lB) : e4m3x2_lo(lB);
+                const u32 A3 = e ? e4m3x2_hi(hB) : e4m3x2_lo(hB);
                 mma16816(st.acc[i], hmul2(A0, vsA), hmul2(A1, vsA), hmul2(A2, vsB), hmul2(A3, vsB), pb0, pb1);
             }
         }
@@ -272,18 +208,10 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
     i64 k_data, i64 k_s, i64 k_bs, i64 k_gs, i64 v_data, i64 v_s, i64 v_bs, i64 v_gs) {
     __shared__ float sm_m[NW][8];
     __shared__ float sm_l[NW][8];
+    __shared__ float sm_acc[NW][8][D + 1];
 #define SM_M(w, j) sm_m[w][j]
 #define SM_L(w, j) sm_l[w][j]
-#if STAGES
-    // The stage ring and the block's final merge share one buffer (the merge starts after a barrier).
-#define ACC_BYTES (NW * 8 * (D + 1) * 4)
-#define RING_BYTES (NW * RSTAGES * STAGE_BYTES)
-    __shared__ __align__(16) u8 sm_raw[RING_BYTES > ACC_BYTES ? RING_BYTES : ACC_BYTES];
-#define SM_ACC(w, j, d) ((float*)sm_raw)[((w) * 8 + (j)) * (D + 1) + (d)]
-#else
-    __shared__ float sm_acc[NW][8][D + 1];
 #define SM_ACC(w, j, d) sm_acc[w][j][d]
-#endif
 
     const int pid_s = blockIdx.x;
     const int pid_bh = blockIdx.y;
@@ -304,11 +232,8 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
 #if KGRAN == 3
     cscale *= statics[(layer * 2 + 0) * H + h];
 #endif
-#if F8K
-    cscale *= 256.0f;                                   // placed E4M3 is value * 2^-8
-#endif
 #if KELEM == 2
-    cscale *= K_PLACE_SCALE;                            // placed E2M1 is value * 2^-6 (E4M3) or 2^-14 (f16)
+    cscale *= 64.0f;                                    // E2M1 placed as E4M3 is value * 2^-6
 #endif
     QOperand qop;
 #if QSMEM
@@ -330,11 +255,7 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
             int d0, d1, d2, d3;
 #if KELEM == 1
             const int base = 64 * (s / 4) + 16 * ci + 4 * (s % 4);
-#if F8K
-            d0 = base; d1 = base + 2; d2 = base + 1; d3 = base + 3;
-#else
             d0 = base; d1 = base + 1; d2 = base + 2; d3 = base + 3;
-#endif
 #else
             const int base = ci * (D / 4) + 8 * (s / 2) + 4 * (s % 2);
             d0 = base; d1 = base + 2; d2 = base + 1; d3 = base + 3;
@@ -361,38 +282,6 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
     for (int i = 0; i < MTILES; ++i) st.acc[i][0] = st.acc[i][1] = st.acc[i][2] = st.acc[i][3] = 0.f;
     const int* pt = page_table + (i64)b * spt_b;
     const int first = p0 + warp;
-#if STAGES
-    // A ring of RSTAGES shared-memory stages per warp: RSTAGES - 1 pages in flight (cp.async groups,
-    // one per page, empty ones included so the group count stays in step) while one is attended.
-    u32 ring;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(ring) : "l"(sm_raw));
-    ring += warp * RSTAGES * STAGE_BYTES;
-    const CopyPlan plan = copy_plan(h, lane, k_data, k_s, k_bs, k_gs, v_data, v_s, v_bs, v_gs);
-    const LaneOffsets soff = stage_offsets(gi, ci);
-#pragma unroll
-    for (int k = 0; k < RSTAGES - 1; ++k) {
-        const int pg = first + k * NW;
-        if (pg < p1) copy_page(ring + k * STAGE_BYTES, page_at(storage, pt[pg], page_bytes), plan, lane);
-        cp_async_commit();
-    }
-    int id_next = first + (RSTAGES - 1) * NW < p1 ? pt[first + (RSTAGES - 1) * NW] : 0;
-    int slot = 0;
-    for (int pg = first; pg < p1; pg += NW) {
-        asm volatile("cp.async.wait_group %0;" ::"n"(RSTAGES - 2) : "memory");
-        warp_sync();                          // every lane's copies of this page have landed
-        PageRegs cur;
-        load_page(cur, SharedPage{ring + slot * STAGE_BYTES}, soff);
-        // The slot attended last step is refilled: its reads finished before that step's MMAs,
-        // and the warp_sync above orders them before any lane's new copies.
-        const int pf = pg + (RSTAGES - 1) * NW;
-        const int fill = slot == 0 ? RSTAGES - 1 : slot - 1;
-        if (pf < p1) copy_page(ring + fill * STAGE_BYTES, page_at(storage, id_next, page_bytes), plan, lane);
-        cp_async_commit();
-        id_next = pf + NW < p1 ? pt[pf + NW] : 0;
-        attend_page(cur, qop, cscale, gi, ci, st);
-        slot = slot == RSTAGES - 1 ? 0 : slot + 1;
-    }
-#else
     const LaneOffsets off = lane_offsets(h, gi, ci, k_data, k_s, k_bs, k_gs, v_data, v_s, v_bs, v_gs);
     // Page ids are read one step before they are needed (a load whose address waits on an id
     // would stall the warp for a whole L2 round trip on every page); PREF > 0 also asks L2 for
@@ -402,7 +291,7 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
 #pragma unroll
     for (int k = 0; k < DEPTH - 1; ++k) {
         const int pg = first + k * NW;
-        if (pg < p1) load_page(ring[k], GlobalPage{page_at(storage, pt[pg], page_bytes)}, off);
+        if (pg < p1) load_page(ring[k], page_at(storage, pt[pg], page_bytes), off);
     }
     int id_ring = first + (DEPTH - 1) * NW < p1 ? pt[first + (DEPTH - 1) * NW] : 0;
 #if PREF > 0
@@ -419,7 +308,7 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
             const int pg = base + k * NW;
             if (pg < p1) {
                 const int pf = pg + (DEPTH - 1) * NW;
-                if (pf < p1) load_page(ring[(k + DEPTH - 1) % DEPTH], GlobalPage{page_at(storage, id_ring, page_bytes)}, off);
+                if (pf < p1) load_page(ring[(k + DEPTH - 1) % DEPTH], page_at(storage, id_ring, page_bytes), off);
                 id_ring = pf + NW < p1 ? pt[pf + NW] : 0;
 #if PREF > 0
                 const int pp = pf + PREF * NW;
@@ -430,7 +319,6 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
             }
         }
     }
-#endif
 
     // ---- this warp's partial: sums over lanes, value scales, then the block's merge ----
 #pragma unroll
@@ -442,14 +330,8 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
 #if VGRAN == 1 || VGRAN == 2 || VELEM == 2
     vfac *= st.vinv > 0.f ? 1.0f / st.vinv : 0.f;
 #endif
-#if F8V
-    vfac *= 256.0f;
-#endif
 #if VELEM == 2
-    vfac *= V_PLACE_SCALE;
-#endif
-#if STAGES
-    block_sync();                             // other warps may still read their stages
+    vfac *= 64.0f;
 #endif
     if (gi == 0) {
         SM_M(warp, 2 * ci) = st.m0; SM_M(warp, 2 * ci + 1) = st.m1;

@@ -4,8 +4,7 @@
 // Compiled at run time by NVRTC (kvwire/kernels/nvrtc.py) with these macros:
 //   H (KV heads), P (page size), D (64 or 128), CPL (16-byte chunks per thread), ELEM (1 fp8,
 //   2 nvfp4), GRAN (fp8 only: 1 token, 2 page, 3 static = tensor/head), CHECK (count NaN/inf
-//   into *flag), DIVSTEPS (FMA correction steps of the exact division, 1 or 2), PERSIST (1: a
-//   persistent grid that copies the next tile into shared memory while it quantises this one).
+//   into *flag), DIVSTEPS (FMA correction steps of the exact division, 1 or 2).
 //
 // Layout of the work: one block of TPT = P * D / (8 * CPL) threads per (page, KV head) tile; the
 // [P, D] bf16 tile is read with 16-byte loads, all issued before any arithmetic, and stays in
@@ -34,9 +33,6 @@
 
 #include "ptx_common.cuh"
 #include "exact_division.cuh"
-#ifndef PERSIST
-#define PERSIST 0
-#endif
 
 __device__ __forceinline__ int shfl_xor_i(int v, int m) {
     int r;
@@ -107,33 +103,35 @@ __device__ __forceinline__ float block_max(float a, float* sm, int warp, int lan
     return a;
 }
 
-// The arguments every tile needs (one struct: the tile function stays readable).
-struct QuantArgs {
-    const i64* ids;
-    u8* st;
-    i64 page_bytes, data_off, s_off, bs_off, gs_off;
-    const float* static_scale;
-    int* flag;
-};
-
-// Byte offset in x (elements) of chunk l of this thread's share of tile (n, h).
-__device__ __forceinline__ i64 chunk_at(int n, int h, int t, int l, i64 sx_n, i64 sx_p, i64 sx_h) {
-    const int c = t % UPR, r0 = t / UPR, u = l / UC, k = l % UC;
-    return (i64)n * sx_n + (i64)h * sx_h + c * (8 * UC) + (i64)(r0 + u * RPS) * sx_p + 8 * k;
-}
-
-// Quantise one (page, KV head) tile whose bf16 chunks this thread holds in v, with am its chunks'
-// amax (computed by the caller, which may start the next tile's loads once v has been read).
-__device__ __forceinline__ void quantize_tile(const uint4 (&v)[NL], const float (&am)[NL], int n, int h,
-                                              const QuantArgs& a_, float* sm_max) {
+extern "C" __global__ void __launch_bounds__(TPT) kvwire_quantize_pages(
+    const u16* __restrict__ x, i64 sx_n, i64 sx_p, i64 sx_h, const i64* __restrict__ ids,
+    u8* __restrict__ st, i64 page_bytes, i64 data_off, i64 s_off, i64 bs_off, i64 gs_off,
+    const float* __restrict__ static_scale, int* __restrict__ flag) {
+    __shared__ float sm_max[NWARP];
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    const int h = blockIdx.y;
     const int c = t % UPR, r0 = t / UPR;
-    const i64 page_bytes = a_.page_bytes, data_off = a_.data_off, s_off = a_.s_off, bs_off = a_.bs_off,
-              gs_off = a_.gs_off;
-    const float* static_scale = a_.static_scale;
-    u8* page = a_.st + a_.ids[n] * page_bytes;
+    const u16* xb = x + (i64)blockIdx.x * sx_n + (i64)h * sx_h + c * (8 * UC);
+    uint4 v[NL];
+#pragma unroll
+    for (int u = 0; u < NU; ++u)
+#pragma unroll
+        for (int k = 0; k < UC; ++k) v[u * UC + k] = ld_stream(xb + (i64)(r0 + u * RPS) * sx_p + 8 * k);
+    u8* page = st + ids[blockIdx.x] * page_bytes;
     const i64 row0 = (i64)h * P + r0;           // this thread's first row in the page's [H, P] rows
 
+#if CHECK
+    int bad = 0;
+#pragma unroll
+    for (int l = 0; l < NL; ++l) bad += chunk_non_finite(v[l]);
+#pragma unroll
+    for (int m = 16; m >= 1; m >>= 1) bad += shfl_xor_i(bad, m);
+    if (lane == 0 && bad) atomicAdd(flag, bad);
+#endif
+
+    float am[NL];
+#pragma unroll
+    for (int l = 0; l < NL; ++l) am[l] = chunk_amax(v[l]);
 
 #if ELEM == 1
     // ---- FP8 (E4M3) data, scale per token / page / static -------------------------------------
@@ -227,84 +225,3 @@ __device__ __forceinline__ void quantize_tile(const uint4 (&v)[NL], const float 
 #error "ELEM must be 1 (fp8) or 2 (nvfp4)"
 #endif
 }
-
-// NaN/inf count of this thread's chunks into *flag (CHECK), and each chunk's amax.
-__device__ __forceinline__ void scan_chunks(const uint4 (&v)[NL], float (&am)[NL], int* flag) {
-#if CHECK
-    int bad = 0;
-#pragma unroll
-    for (int l = 0; l < NL; ++l) bad += chunk_non_finite(v[l]);
-#pragma unroll
-    for (int m = 16; m >= 1; m >>= 1) bad += shfl_xor_i(bad, m);
-    if ((threadIdx.x & 31) == 0 && bad) atomicAdd(flag, bad);
-#endif
-#pragma unroll
-    for (int l = 0; l < NL; ++l) am[l] = chunk_amax(v[l]);
-}
-
-#if PERSIST
-__device__ __forceinline__ void cp_async16(u32 dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
-}
-// The next tile's copies are issued only after ``dep`` (a value computed from every chunk of the
-// current tile) exists, so the shared-memory slots they overwrite have been read into registers.
-__device__ __forceinline__ void issue_tile(u32 sbuf, const u16* x, int tile, int t, i64 sx_n, i64 sx_p, i64 sx_h,
-                                           float dep) {
-    asm volatile("" ::"f"(dep) : "memory");
-    const int n = tile / H, h = tile % H;
-#pragma unroll
-    for (int l = 0; l < NL; ++l) cp_async16(sbuf + l * TPT * 16, x + chunk_at(n, h, t, l, sx_n, sx_p, sx_h));
-}
-
-// Persistent form: gridDim.x blocks walk the tiles (n * H + h); each thread copies its chunks of
-// the next tile into shared memory (cp.async, 16 bytes each, private to the thread) while it
-// quantises the current one from registers, so loads overlap the arithmetic instead of every
-// block of a wave waiting on memory at once.
-extern "C" __global__ void __launch_bounds__(TPT) kvwire_quantize_pages(
-    const u16* __restrict__ x, i64 sx_n, i64 sx_p, i64 sx_h, const i64* __restrict__ ids,
-    u8* __restrict__ st, i64 page_bytes, i64 data_off, i64 s_off, i64 bs_off, i64 gs_off,
-    const float* __restrict__ static_scale, int* __restrict__ flag, int ntiles) {
-    __shared__ float sm_max[2][NWARP];                 // by tile parity: no barrier between tiles
-    __shared__ __align__(16) uint4 buf[NL][TPT];
-    const int t = threadIdx.x;
-    u32 sbuf;
-    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(sbuf) : "l"(&buf[0][t]));
-    const QuantArgs qa{ids, st, page_bytes, data_off, s_off, bs_off, gs_off, static_scale, flag};
-    int tile = blockIdx.x;
-    if (tile < ntiles) issue_tile(sbuf, x, tile, t, sx_n, sx_p, sx_h, 0.0f);
-    asm volatile("cp.async.commit_group;" ::: "memory");
-    for (int it = 0; tile < ntiles; tile += gridDim.x, ++it) {
-        asm volatile("cp.async.wait_all;" ::: "memory");
-        uint4 v[NL];
-#pragma unroll
-        for (int l = 0; l < NL; ++l)
-            asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
-                         : "=r"(v[l].x), "=r"(v[l].y), "=r"(v[l].z), "=r"(v[l].w) : "r"(sbuf + l * TPT * 16) : "memory");
-        float am[NL];
-        scan_chunks(v, am, flag);
-        float dep = am[0];
-#pragma unroll
-        for (int l = 1; l < NL; ++l) dep = fmaxf(dep, am[l]);
-        const int next = tile + gridDim.x;
-        if (next < ntiles) issue_tile(sbuf, x, next, t, sx_n, sx_p, sx_h, dep);
-        asm volatile("cp.async.commit_group;" ::: "memory");
-        quantize_tile(v, am, tile / H, tile % H, qa, sm_max[it & 1]);
-    }
-}
-#else
-// One block per (page, KV head) tile: grid (pages, H).
-extern "C" __global__ void __launch_bounds__(TPT) kvwire_quantize_pages(
-    const u16* __restrict__ x, i64 sx_n, i64 sx_p, i64 sx_h, const i64* __restrict__ ids,
-    u8* __restrict__ st, i64 page_bytes, i64 data_off, i64 s_off, i64 bs_off, i64 gs_off,
-    const float* __restrict__ static_scale, int* __restrict__ flag) {
-    __shared__ float sm_max[NWARP];
-    const int t = threadIdx.x, n = blockIdx.x, h = blockIdx.y;
-    uint4 v[NL];
-#pragma unroll
-    for (int l = 0; l < NL; ++l) v[l] = ld_stream(x + chunk_at(n, h, t, l, sx_n, sx_p, sx_h));
-    float am[NL];
-    scan_chunks(v, am, flag);
-    const QuantArgs qa{ids, st, page_bytes, data_off, s_off, bs_off, gs_off, static_scale, flag};
-    quantize_tile(v, am, n, h, qa, sm_max);
-}
-#endif

@@ -77,10 +77,21 @@ __device__ __forceinline__ float e4m3_value(u32 b) {
 // |y| already clamped to [0, 6] -> E2M1 magnitude code 0..7, nearest, ties to even. The codes are
 // 2|y| rounded below 2, 2 + |y| rounded in [2, 4) and 4 + |y|/2 rounded in [4, 6]: scale by
 // m = 2^(1-k) (k = 0, 1, 2 from the exponent) and round to an integer by adding 2^23.
-__device__ __forceinline__ u32 e2m1_mag(float mag) {
+// Returned biased: the code plus E2M1_BIAS, which nibble_sum takes off for a whole word at once.
+#define E2M1_BIAS 0x4b0000feu
+__device__ __forceinline__ u32 e2m1_mag_biased(float mag) {
     const int k = max((int)(__float_as_uint(mag) >> 23), 127);          // 127 + k
     const float m = __uint_as_float((u32)(255 - k) << 23);
-    return __float_as_uint(fma_rn(mag, m, 8388608.0f)) - 0x4b000000u + 2u * (u32)k - 254u;
+    return __float_as_uint(fma_rn(mag, m, 8388608.0f)) + 2u * (u32)k;
+}
+// The 8 codes b[e] - E2M1_BIAS as the nibbles e of one word: a sum of b[e] * 16^e (multiply-adds,
+// on the FMA pipe, where shifts and ORs would load the integer ALU pipe that bounds this kernel)
+// plus one constant that removes all eight biases modulo 2^32; codes are < 8, so nothing carries.
+__device__ __forceinline__ u32 nibble_sum(const u32* b) {
+    u32 acc = 0u - E2M1_BIAS * 0x11111111u;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc += b[e] * (1u << (4 * e));
+    return acc;
 }
 // The sign bits of a chunk's 8 bf16 elements at E2M1 nibble positions (bit 4e + 3 for element e):
 // gather the high byte of every element (4 byte permutes), then move odd elements' sign bits to
@@ -203,22 +214,17 @@ extern "C" __global__ void __launch_bounds__(TPT) kvwire_quantize_pages(
         if (s > 0.0f && div_fast_ok(s)) {
             const float r = rcp_rn(s);
 #pragma unroll
-            for (int e = 0; e < 16; ++e) mag[e] = e2m1_mag(fminf(fabsf(div_fast(elem(v[2 * u + e / 8], e % 8), s, r)), 6.0f));
+            for (int e = 0; e < 16; ++e) mag[e] = e2m1_mag_biased(fminf(fabsf(div_fast(elem(v[2 * u + e / 8], e % 8), s, r)), 6.0f));
         } else if (s > 0.0f) {
 #pragma unroll
-            for (int e = 0; e < 16; ++e) mag[e] = e2m1_mag(fminf(fabsf(div_rn(elem(v[2 * u + e / 8], e % 8), s)), 6.0f));
+            for (int e = 0; e < 16; ++e) mag[e] = e2m1_mag_biased(fminf(fabsf(div_rn(elem(v[2 * u + e / 8], e % 8), s)), 6.0f));
         } else {
 #pragma unroll
-            for (int e = 0; e < 16; ++e) mag[e] = 0;
+            for (int e = 0; e < 16; ++e) mag[e] = E2M1_BIAS;
         }
         uint2 out;
-        out.x = e2m1_signs(v[2 * u]);
-        out.y = e2m1_signs(v[2 * u + 1]);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            out.x |= mag[e] << (4 * e);
-            out.y |= mag[8 + e] << (4 * e);
-        }
+        out.x = e2m1_signs(v[2 * u]) | nibble_sum(mag);
+        out.y = e2m1_signs(v[2 * u + 1]) | nibble_sum(mag + 8);
         *(uint2*)(page + data_off + row * (D / 2) + c * 8) = out;
     }
 #else

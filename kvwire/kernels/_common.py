@@ -118,10 +118,13 @@ def static_scale_for(page_format: PageFormat, static_scales: torch.Tensor | None
 
 
 def static_arg(page_format: PageFormat, static_scales: torch.Tensor | None, device) -> torch.Tensor:
-    """The [L, 2, H] fp32 static scales for a kernel (a dummy when the format has none)."""
+    """The [L, 2, H] fp32 static scales for a kernel (a dummy when the format has none).
+
+    The kernels read it only for static (tensor/head) granularities, so the dummy is left
+    uninitialised: filling it would cost a kernel launch on every decode step."""
     needs = page_format.kv.key.has_static_scales or page_format.kv.value.has_static_scales
     if not needs:
-        return torch.ones(1, dtype=torch.float32, device=device)
+        return torch.empty(1, dtype=torch.float32, device=device)
     for part in (0, 1):
         static_scale_for(page_format, static_scales, 0, part)
     return static_scales.to(device=device, dtype=torch.float32).contiguous()

@@ -16,6 +16,13 @@
 #else
 #define VWORDS (D / 64)      // D/16 bytes of codes
 #endif
+#ifndef SCALESHFL
+#define SCALESHFL 0
+#endif
+// Token scales of both K and V (fp8-token): with SCALESHFL each lane loads one of the page's 32
+// scales (lanes 0-15 the keys', 16-31 the values') and the warp shuffles them to where they are
+// used: one load request per page instead of four, and one lane offset instead of two.
+#define TOKSHFL (SCALESHFL && KELEM == 1 && KGRAN == 1 && VELEM == 1 && VGRAN == 1)
 #define KSTEPS (D / 16)
 #define MTILES (D / 16)
 
@@ -24,6 +31,9 @@ struct PageRegs {
     u32 v[4][VWORDS];        // tokens ci, ci+4, ci+8, ci+12
     float ks[2];             // key scale of tokens gi, gi+8 (token/page/global)
     float vs[2];             // value scale of tokens gi, gi+8 (token/page/global)
+#if TOKSHFL
+    float sc;                // this lane's token scale (TOKSHFL): key of token lane, value of lane - 16
+#endif
 #if KELEM == 2
     u32 kbs[2];              // E4M3 block scales of rows gi, gi+8 (bytes: one per word pair)
 #endif
@@ -45,6 +55,10 @@ __device__ __forceinline__ LaneOffsets lane_offsets(int h, int gi, int ci, i64 k
     o.k = (u32)(k_data + h * P * D + gi * D + 16 * ci);
     o.kbs = 0;
     o.ks = (u32)(KGRAN == 1 ? k_s + (h * P + gi) * 4 : (KGRAN == 2 ? k_s + h * 4 : 0));
+#if TOKSHFL
+    const int lane = 4 * gi + ci;
+    o.ks = (u32)(lane < P ? k_s + (h * P + lane) * 4 : v_s + (h * P + lane - P) * 4);
+#endif
 #else
     o.k = (u32)(k_data + h * P * (D / 2) + gi * (D / 2) + ci * (D / 8));
     o.kbs = (u32)(k_bs + (h * P + gi) * (D / 16) + ci * (D / 64));
@@ -69,7 +83,9 @@ __device__ __forceinline__ void load_page(PageRegs& r, const u8* page, const Lan
     for (int rr = 0; rr < 2; ++rr)
 #pragma unroll
         for (int j = 0; j < D / 64; ++j) ld16(kb + rr * 8 * D + 64 * j, &r.k[rr][4 * j]);
-#if KGRAN == 1
+#if TOKSHFL
+    r.sc = ldf(page + o.ks);
+#elif KGRAN == 1
     r.ks[0] = ldf(page + o.ks);
     r.ks[1] = ldf(page + o.ks + 32);
 #elif KGRAN == 2
@@ -92,7 +108,8 @@ __device__ __forceinline__ void load_page(PageRegs& r, const u8* page, const Lan
     for (int t = 0; t < 4; ++t) {
         if (D == 128) ld16(vb + 4 * t * D, r.v[t]); else ld8(vb + 4 * t * D, r.v[t]);
     }
-#if VGRAN == 1
+#if TOKSHFL
+#elif VGRAN == 1
     r.vs[0] = ldf(page + o.vs);
     r.vs[1] = ldf(page + o.vs + 32);
 #elif VGRAN == 2
@@ -127,4 +144,14 @@ __device__ __forceinline__ int prefetch_line(int h, int lane, i64 k_data, i64 k_
         if (VELEM == 2) return (int)(v_bs + (i64)h * P * (D / 16));
     }
     return -1;
+}
+
+// The key (k0, k1) and value (v0, v1) scales of tokens gi and gi + 8.
+__device__ __forceinline__ void token_scales(const PageRegs& r, int gi, float& k0, float& k1, float& v0, float& v1) {
+#if TOKSHFL
+    k0 = shfl_idx_f(r.sc, gi); k1 = shfl_idx_f(r.sc, gi + 8);
+    v0 = shfl_idx_f(r.sc, gi + 16); v1 = shfl_idx_f(r.sc, gi + 24);
+#else
+    k0 = r.ks[0]; k1 = r.ks[1]; v0 = r.vs[0]; v1 = r.vs[1];
+#endif
 }

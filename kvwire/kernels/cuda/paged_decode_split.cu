@@ -4,9 +4,12 @@
 //   H, G (<= 8), D (64 or 128), NW (warps per block), KELEM, VELEM (1 fp8, 2 nvfp4),
 //   KGRAN, VGRAN (0 none, 1 token, 2 page, 3 static: tensor/head; fp8 only), QF32 (q is fp32, else bf16);
 //   tuning: DEPTH, MINB, PREF (paged_decode_cuda.py says what they are), LAZYMAX (0: exact running
-//   max), QSMEM (q's fragments in shared memory instead of registers).
+//   max), QSMEM (q's fragments in shared memory instead of registers), SCALESHFL (fp8-token
+//   scales by one load and shuffles, decode_page_regs.cuh), FUSED (below).
 // It writes the same partial results (m, l, acc per split and query head, log2 units) as the
-// Triton split kernel, so the Triton reduce kernel attends the bf16 tail and merges the splits.
+// Triton split kernel. FUSED=0: the Triton reduce kernel then attends the bf16 tail and merges the
+// splits. FUSED=1: the last block of each (sequence, KV head) does that itself (decode_merge.cuh)
+// and writes the output; the tail, out and counters arguments are only read then.
 //
 // Layout of the work (why it is fast): a warp owns one page (16 tokens = the MMA's M) at a time
 // and reads it straight from global memory into registers, already in tensor-core fragment order:
@@ -44,11 +47,15 @@
 #ifndef QSMEM
 #define QSMEM 0
 #endif
+#ifndef FUSED
+#define FUSED 0
+#endif
 #define NT (NW * 32)
 #define P 16
 #define VB (D / 8)
 
 #include "decode_page_regs.cuh"      // fragment_ops.cuh, ptx_common.cuh through it
+#include "decode_merge.cuh"
 
 struct SoftmaxState {
     float m0, m1;                    // running max of heads 2ci, 2ci+1 (log2 units)
@@ -106,9 +113,11 @@ __device__ __forceinline__ void attend_page(const PageRegs& cur, const QOperand&
 #endif
 #pragma unroll
     for (int i = 0; i < 4; ++i) s[i] += s2[i];
+    float ks0, ks1, vs0, vs1;
+    token_scales(cur, gi, ks0, ks1, vs0, vs1);
 #if KGRAN == 1 || KGRAN == 2 || KELEM == 2
-    s[0] *= cscale * cur.ks[0]; s[1] *= cscale * cur.ks[0];
-    s[2] *= cscale * cur.ks[1]; s[3] *= cscale * cur.ks[1];
+    s[0] *= cscale * ks0; s[1] *= cscale * ks0;
+    s[2] *= cscale * ks1; s[3] *= cscale * ks1;
 #else
     s[0] *= cscale; s[1] *= cscale; s[2] *= cscale; s[3] *= cscale;
 #endif
@@ -138,10 +147,10 @@ __device__ __forceinline__ void attend_page(const PageRegs& cur, const QOperand&
     st.l0 += p0 + p2; st.l1 += p1v + p3;
 #if VGRAN == 1 || VGRAN == 2 || VELEM == 2
     {   // value scales ride on P, relative to a warp reference kept within 2^+-10 (f16 range)
-        float x0 = cur.vs[0] * st.vinv, x1 = cur.vs[1] * st.vinv;
+        float x0 = vs0 * st.vinv, x1 = vs1 * st.vinv;
         const bool bad = !(x0 >= 9.765625e-4f && x0 <= 1024.0f) || !(x1 >= 9.765625e-4f && x1 <= 1024.0f);
         if (any_sync(bad)) {
-            float vm = fmx(cur.vs[0], cur.vs[1]);
+            float vm = fmx(vs0, vs1);
 #pragma unroll
             for (int x = 4; x < 32; x <<= 1) vm = fmx(vm, shfl_xor(vm, x));
             const float ninv = vm > 0.f ? 1.0f / vm : (st.vinv > 0.f ? st.vinv : 1.0f);
@@ -149,7 +158,7 @@ __device__ __forceinline__ void attend_page(const PageRegs& cur, const QOperand&
 #pragma unroll
             for (int i = 0; i < MTILES; ++i) { st.acc[i][0] *= ratio; st.acc[i][1] *= ratio; st.acc[i][2] *= ratio; st.acc[i][3] *= ratio; }
             st.vinv = ninv;
-            x0 = cur.vs[0] * st.vinv; x1 = cur.vs[1] * st.vinv;
+            x0 = vs0 * st.vinv; x1 = vs1 * st.vinv;
         }
         p0 *= x0; p1v *= x0; p2 *= x1; p3 *= x1;
     }
@@ -205,7 +214,10 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
     const float* __restrict__ statics, int layer,
     float* __restrict__ part_acc, float* __restrict__ part_m, float* __restrict__ part_l,
     int num_splits, float qk_scale,
-    i64 k_data, i64 k_s, i64 k_bs, i64 k_gs, i64 v_data, i64 v_s, i64 v_bs, i64 v_gs) {
+    i64 k_data, i64 k_s, i64 k_bs, i64 k_gs, i64 v_data, i64 v_s, i64 v_bs, i64 v_gs,
+    const u16* __restrict__ tail, i64 st_slot, i64 st_layer, i64 st_part, i64 st_h, i64 st_p,
+    const int* __restrict__ tail_slot, const int* __restrict__ tail_len,
+    void* __restrict__ out_ptr, i64 so_b, i64 so_h, u32* __restrict__ counters) {
     __shared__ float sm_m[NW][8];
     __shared__ float sm_l[NW][8];
     __shared__ float sm_acc[NW][8][D + 1];
@@ -362,4 +374,16 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
         part_acc[(prow + hd) * D + d] = a;
         if (d == 0) { part_m[prow + hd] = mx; part_l[prow + hd] = l; }
     }
+#if FUSED
+    {   // indices re-read here, not kept from above: nothing extra stays live across the page loop
+        const int row = block_row();
+        const int rb = row / H, rh = row % H;
+        if (!last_block_of_row(counters + row, num_splits)) return;
+        const u16* tk = tail + (i64)tail_slot[rb] * st_slot + (i64)layer * st_layer + (i64)rh * st_h;
+        merge_splits_and_tail(&SM_ACC(0, 0, 0), q_ptr, (i64)rb * sq_b + (i64)(rh * G) * sq_h, sq_h,
+                              tk, tk + st_part, st_p, tail_len[rb], part_acc, part_m, part_l,
+                              (i64)row * num_splits * G, num_splits, qk_scale,
+                              out_ptr, (i64)rb * so_b + (i64)(rh * G) * so_h, so_h, counters + row);
+    }
+#endif
 }

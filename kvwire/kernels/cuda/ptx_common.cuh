@@ -18,6 +18,11 @@ __device__ __forceinline__ u32 shfl_idx(u32 v, int src) {
     asm volatile("shfl.sync.idx.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=r"(r) : "r"(v), "r"(src));
     return r;
 }
+__device__ __forceinline__ float shfl_idx_f(float v, int src) {
+    float r;
+    asm volatile("shfl.sync.idx.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(r) : "f"(v), "r"(src));
+    return r;
+}
 __device__ __forceinline__ bool any_sync(bool p) {
     u32 r;
     asm volatile("{ .reg .pred p, q; setp.ne.u32 p, %1, 0; vote.sync.any.pred q, p, 0xffffffff; selp.u32 %0, 1, 0, q; }"

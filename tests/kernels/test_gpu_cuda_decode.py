@@ -16,15 +16,15 @@ from .test_gpu import _check_decode, _decode_problem
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 DEV = "cuda"
 VARIANTS = [{}, {"DEPTH": 2, "MINB": 1}, {"DEPTH": 3, "MINB": 1}, {"PREF": 2}, {"LAZYMAX": 0},
-            {"QSMEM": 0, "MINB": 4}, {"FUSED": 0}]
+            {"QSMEM": 0, "MINB": 4}, {"FUSED": 0}, {"SCALESHFL": 1}]
 
 
 @pytest.fixture(params=VARIANTS, ids=["default", "depth-2", "depth-3", "l2-prefetch", "exact-max", "q-in-registers",
-                                      "unfused"])
+                                      "unfused", "scale-shuffle"])
 def variant(request, monkeypatch):
     """The shipped tuning (q in shared memory, no register ring, fused merge), rings of 2 and 3
-    pages, the L2 prefetch, the exact running max, q in registers and the Triton reduce (other
-    code paths)."""
+    pages, the L2 prefetch, the exact running max, q in registers, the Triton reduce and fp8-token
+    scales by shuffle (other code paths)."""
     tuning = dict(paged_decode_cuda.TUNING)
     tuning.update(request.param)
     monkeypatch.setattr(paged_decode_cuda, "TUNING", tuning)

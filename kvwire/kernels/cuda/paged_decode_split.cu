@@ -249,7 +249,7 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
 #endif
     QOperand qop;
 #if QSMEM
-    __shared__ u32 sm_q[KSTEPS][32][2];
+    __shared__ __align__(16) u32 sm_q[KSTEPS][32][2];     // aligned: read by 8-byte ld.shared.v2
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(qop.base) : "l"(&sm_q[0][lane][0]));
 #endif
     {

@@ -20,8 +20,7 @@ Two launches (flash-decoding):
    ``packed=True`` selects ``_decode_split_packed_kernel`` (paged_decode_packed.py: 16/G KV heads per program, no padded
    rows): fewer instructions, but slower on the H200 (docs/benchmarks.md), so not the default.
 2. ``_decode_reduce_kernel``, grid (batch x query heads): attends the bf16 tail, merges it with the
-   partials (log-sum-exp, many splits per step) and writes the output. The CUDA split kernel
-   (paged_decode_cuda.py) does this step itself where it can (fused merge: one launch).
+   partials (log-sum-exp, many splits per step) and writes the output.
 
 Splits make one long sequence fill the GPU; a single split suffices for large batches. All page
 and byte offsets are int64. On CPU tensors without TRITON_INTERPRET=1 the torch reference runs.
@@ -320,10 +319,8 @@ def paged_decode_attention(q: torch.Tensor, storage: torch.Tensor, page_format: 
     qk_scale = LOG2E / math.sqrt(d)
     hp = heads_per_program(h, g) if packed else 1
     if cuda_kernel is not None:
-        if paged_decode_cuda.decode(cuda_kernel, q, storage, f, layer, page_table, num_pages, static,
-                                    (part_acc, part_m, part_l), splits, qk_scale, (kd, vd),
-                                    tail, tail_slot, tail_len, out):
-            return out
+        paged_decode_cuda.split_partials(cuda_kernel, q, storage, f, layer, page_table, num_pages, static, part_acc,
+                                         part_m, part_l, splits, qk_scale, (kd, vd))
     elif hp > 1:
         _decode_split_packed_kernel[(splits, bsz * (h // hp))](
             q, *q.stride(), storage, st16, st16, st32, page_table, page_table.stride(0), num_pages, static,

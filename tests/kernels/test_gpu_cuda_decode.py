@@ -16,15 +16,15 @@ from .test_gpu import _check_decode, _decode_problem
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 DEV = "cuda"
 VARIANTS = [{}, {"DEPTH": 2, "MINB": 1}, {"DEPTH": 3, "MINB": 1}, {"PREF": 2}, {"LAZYMAX": 0},
-            {"QSMEM": 0, "MINB": 4}, {"FUSED": 0}, {"SCALESHFL": 1}]
+            {"QSMEM": 0, "MINB": 4}, {"SCALESHFL": 1}]
 
 
 @pytest.fixture(params=VARIANTS, ids=["default", "depth-2", "depth-3", "l2-prefetch", "exact-max", "q-in-registers",
-                                      "unfused", "scale-shuffle"])
+                                      "scale-shuffle"])
 def variant(request, monkeypatch):
-    """The shipped tuning (q in shared memory, no register ring, fused merge), rings of 2 and 3
-    pages, the L2 prefetch, the exact running max, q in registers, the Triton reduce and fp8-token
-    scales by shuffle (other code paths)."""
+    """The shipped tuning (q in shared memory, no register ring), rings of 2 and 3 pages, the L2
+    prefetch, the exact running max, q in registers and fp8-token scales by shuffle (other code
+    paths)."""
     tuning = dict(paged_decode_cuda.TUNING)
     tuning.update(request.param)
     monkeypatch.setattr(paged_decode_cuda, "TUNING", tuning)
@@ -51,10 +51,9 @@ def test_cuda_decode_fp32_q_tight(name, variant):
     _check_decode(_decode_problem(name, q_dtype=torch.float32), 4e-3, backend="cuda")
 
 
-@pytest.mark.parametrize("splits", [1, 3, 13, 64, 1100])
+@pytest.mark.parametrize("splits", [1, 3, 13, 64])
 def test_cuda_decode_any_split_count(splits, variant):
-    """More splits than some sequences have pages, and blocks whose warps get no page at all; 600
-    splits x 4 heads overflow the fused merge's scratch, so that launch takes the Triton reduce."""
+    """More splits than some sequences have pages, and blocks whose warps get no page at all."""
     _check_decode(_decode_problem("fp8-token/nvfp4", q_dtype=torch.float32), 4e-3, backend="cuda",
                   num_splits=splits)
 
@@ -132,28 +131,6 @@ def test_cuda_decode_in_a_cuda_graph(variant):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         paged_decode_attention(*args, out=out, backend="cuda", num_splits=4)
-    ref = paged_decode_reference(*args)
-    for _ in range(3):                   # replays: the fused merge's counters must be back at zero
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert rel_err(out, ref) < 1e-2
-
-
-def test_fused_merge_resets_its_counters_between_launches():
-    """Each launch leaves the completion counters at zero, so back-to-back launches with other split
-    counts and batch sizes stay right; out in another dtype takes the unfused path."""
-    if not paged_decode_cuda.tuning_for(_decode_problem("nvfp4")[2]).get("FUSED"):
-        pytest.skip("the shipped tuning does not fuse the merge")
-    for splits in (5, 1, 17, 5):
-        for name in ("nvfp4", "fp8-token"):
-            args = _decode_problem(name, seed=splits)
-            assert paged_decode_cuda.fusable(args[2], args[0].shape[1], splits, args[0], args[0], args[6])
-            _check_decode(args, 1e-2, backend="cuda", num_splits=splits)
-    counters = paged_decode_cuda.completion_counters(torch.device(DEV), 1)
-    assert int(counters.abs().sum()) == 0
-    args = _decode_problem("fp8-token/nvfp4")
-    out = torch.full(args[0].shape, float("nan"), dtype=torch.float32, device=DEV)
-    assert not paged_decode_cuda.fusable(args[2], args[0].shape[1], 4, args[0], out, args[6])
-    paged_decode_attention(*args, out=out, backend="cuda")
-    assert rel_err(out, paged_decode_reference(*args).float()) < 1e-2
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel_err(out, paged_decode_reference(*args)) < 1e-2

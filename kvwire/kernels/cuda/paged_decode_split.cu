@@ -5,11 +5,9 @@
 //   KGRAN, VGRAN (0 none, 1 token, 2 page, 3 static: tensor/head; fp8 only), QF32 (q is fp32, else bf16);
 //   tuning: DEPTH, MINB, PREF (paged_decode_cuda.py says what they are), LAZYMAX (0: exact running
 //   max), QSMEM (q's fragments in shared memory instead of registers), SCALESHFL (fp8-token
-//   scales by one load and shuffles, decode_page_regs.cuh), FUSED (below).
+//   scales by one load and shuffles, decode_page_regs.cuh).
 // It writes the same partial results (m, l, acc per split and query head, log2 units) as the
-// Triton split kernel. FUSED=0: the Triton reduce kernel then attends the bf16 tail and merges the
-// splits. FUSED=1: the last block of each (sequence, KV head) does that itself (decode_merge.cuh)
-// and writes the output; the tail, out and counters arguments are only read then.
+// Triton split kernel, so the Triton reduce kernel attends the bf16 tail and merges the splits.
 //
 // Layout of the work (why it is fast): a warp owns one page (16 tokens = the MMA's M) at a time
 // and reads it straight from global memory into registers, already in tensor-core fragment order:
@@ -47,15 +45,11 @@
 #ifndef QSMEM
 #define QSMEM 0
 #endif
-#ifndef FUSED
-#define FUSED 0
-#endif
 #define NT (NW * 32)
 #define P 16
 #define VB (D / 8)
 
 #include "decode_page_regs.cuh"      // fragment_ops.cuh, ptx_common.cuh through it
-#include "decode_merge.cuh"
 
 struct SoftmaxState {
     float m0, m1;                    // running max of heads 2ci, 2ci+1 (log2 units)
@@ -214,10 +208,7 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
     const float* __restrict__ statics, int layer,
     float* __restrict__ part_acc, float* __restrict__ part_m, float* __restrict__ part_l,
     int num_splits, float qk_scale,
-    i64 k_data, i64 k_s, i64 k_bs, i64 k_gs, i64 v_data, i64 v_s, i64 v_bs, i64 v_gs,
-    const u16* __restrict__ tail, i64 st_slot, i64 st_layer, i64 st_part, i64 st_h, i64 st_p,
-    const int* __restrict__ tail_slot, const int* __restrict__ tail_len,
-    void* __restrict__ out_ptr, i64 so_b, i64 so_h, u32* __restrict__ counters) {
+    i64 k_data, i64 k_s, i64 k_bs, i64 k_gs, i64 v_data, i64 v_s, i64 v_bs, i64 v_gs) {
     __shared__ float sm_m[NW][8];
     __shared__ float sm_l[NW][8];
     __shared__ float sm_acc[NW][8][D + 1];
@@ -374,16 +365,4 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
         part_acc[(prow + hd) * D + d] = a;
         if (d == 0) { part_m[prow + hd] = mx; part_l[prow + hd] = l; }
     }
-#if FUSED
-    {   // indices re-read here, not kept from above: nothing extra stays live across the page loop
-        const int row = block_row();
-        const int rb = row / H, rh = row % H;
-        if (!last_block_of_row(counters + row, num_splits)) return;
-        const u16* tk = tail + (i64)tail_slot[rb] * st_slot + (i64)layer * st_layer + (i64)rh * st_h;
-        merge_splits_and_tail(&SM_ACC(0, 0, 0), q_ptr, (i64)rb * sq_b + (i64)(rh * G) * sq_h, sq_h,
-                              tk, tk + st_part, st_p, tail_len[rb], part_acc, part_m, part_l,
-                              (i64)row * num_splits * G, num_splits, qk_scale,
-                              out_ptr, (i64)rb * so_b + (i64)(rh * G) * so_h, so_h, counters + row);
-    }
-#endif
 }

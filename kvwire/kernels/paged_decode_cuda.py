@@ -37,7 +37,11 @@ MIN_PAGES_PER_WARP = 8
 #   issue before the page's first MMA (one memory round trip per page instead of two): at 32x32k
 #   nvfp4 0.438 -> 0.400 ms, fp8-token/nvfp4 0.464 -> 0.439, fp8-token 0.556 -> 0.545, fp8-tensor
 #   0.513 -> 0.503 (against q in registers at 4 blocks/SM, 5 for NVFP4).
-DEFAULT_TUNING: dict[str, int] = {"DEPTH": 1, "MINB": 5, "PREF": 0, "LAZYMAX": 5, "QSMEM": 1}
+# - SCALESHFL = fp8-token pages (token scales on both K and V): each lane loads one of the page's 32
+#   scales and shuffles deliver them (one load request per page instead of four, and no spill).
+#   32x32k, four interleaved rounds (2026-12-04): 0.5472-0.5510 ms (one outlier 0.5756) against
+#   0.5526-0.5611; about 1% (docs/bench-runs/2026-12-04-cuda-decode-scaleshfl.txt).
+DEFAULT_TUNING: dict[str, int] = {"DEPTH": 1, "MINB": 5, "PREF": 0, "LAZYMAX": 5, "QSMEM": 1, "SCALESHFL": 1}
 # Per (key, value) element type overrides of the defaults (none measured better today).
 FORMAT_TUNING: dict[tuple[ElementType, ElementType], dict[str, int]] = {}
 # Overrides on top of both, for benchmarks, sweeps and tests of other variants.

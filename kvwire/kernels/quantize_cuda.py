@@ -32,6 +32,9 @@ CHUNKS_PER_THREAD = {ElementType.FP8: 4, ElementType.NVFP4: 8}
 # numerator; 1 is exact for bf16 numerators (all the kernel divides: checked for all 2^30 significand
 # pairs on the H200 by test_gpu_cuda_quantize.py) and measured 8% faster for NVFP4 (32.6 vs 35.3 us).
 DIVISION_STEPS = 1
+# Compile-time variants of the NVFP4 path (quantize_pages.cu says what they do), on top of the
+# above; for benchmarks, sweeps and tests. Empty: the shipped kernel.
+TUNING: dict[str, int] = {}
 
 
 def supports(page_format: PageFormat, part: int, x: torch.Tensor, storage: torch.Tensor) -> bool:
@@ -52,7 +55,7 @@ def kernel_for(page_format: PageFormat, part: int, check_finite: bool, device: t
     fmt = f.part_format(part)
     defines = {"H": f.num_kv_heads, "P": f.page_size, "D": f.head_dim, "CPL": chunks_per_thread(f, part),
                "ELEM": 1 if fmt.element is ElementType.FP8 else 2, "GRAN": gran_code(fmt),
-               "CHECK": int(check_finite), "DIVSTEPS": DIVISION_STEPS}
+               "CHECK": int(check_finite), "DIVSTEPS": DIVISION_STEPS, **TUNING}
     return load_kernel(SOURCE, KERNEL, defines, device)
 
 

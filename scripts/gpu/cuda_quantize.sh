@@ -46,3 +46,33 @@ for name in sys.argv[1].split(","):
     del pools
 PY
 fi
+# Optional: compile-time variants of the NVFP4 path (quantize_cuda.TUNING), interleaved as listed,
+# e.g. VARIANTS="default NOCLAMP=1,AMAX2=1 default NOCLAMP=1,AMAX2=1"; the copy rate is measured once.
+if [ -n "${VARIANTS:-}" ]; then
+  python3 - "$VARIANTS" <<'PY' 2>&1 | tee "$OUT/variants.txt"
+import sys, torch
+from kvwire.bench.attention import copy_bandwidth, time_graph
+from kvwire.formats import KVFormat, PageFormat
+from kvwire.kernels import quantize_cuda
+from kvwire.kernels.quantize import write_pages, written_bytes
+n, h, d = 2048, 8, 128
+bw = copy_bandwidth(device="cuda")["tb_per_s"]
+xs = [torch.randn((n, 16, h, d), device="cuda").to(torch.bfloat16) for _ in range(8)]
+f = PageFormat(KVFormat.parse("nvfp4"), 16, 1, h, d)
+pools = [torch.zeros((2 * n, f.page_bytes), dtype=torch.uint8, device="cuda") for _ in xs]
+ids = torch.randperm(2 * n, device="cuda")[:n]
+static = torch.full((h,), 0.01, device="cuda")
+print(f"copy rate {bw:.2f} TB/s", flush=True)
+for var in sys.argv[1].split():
+    quantize_cuda.TUNING.clear()
+    if var != "default":
+        quantize_cuda.TUNING.update({k: int(v) for k, v in (kv.split("=") for kv in var.split(","))})
+    fns = [(lambda p=p, x=x: write_pages(p, f, 0, 0, ids, x, static, check_finite=False, backend="cuda"))
+           for p, x in zip(pools, xs)]
+    ms = time_graph(fns, 20)
+    k = quantize_cuda.kernel_for(f, 0, False, xs[0].device)
+    tb = (xs[0].numel() * 2 + written_bytes(f, 0, n)) / ms / 1e9
+    print(f"nvfp4 {var:28s} regs={k.num_regs} {ms * 1e3:.1f} us {tb:.2f} TB/s {100 * tb / bw:.1f}% of copy", flush=True)
+quantize_cuda.TUNING.clear()
+PY
+fi

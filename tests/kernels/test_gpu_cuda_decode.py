@@ -16,15 +16,15 @@ from .test_gpu import _check_decode, _decode_problem
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 DEV = "cuda"
 VARIANTS = [{}, {"DEPTH": 2, "MINB": 1}, {"DEPTH": 3, "MINB": 1}, {"PREF": 2}, {"LAZYMAX": 0},
-            {"QSMEM": 0, "MINB": 4}, {"SCALESHFL": 1}]
+            {"QSMEM": 0, "MINB": 4}, {"SCALESHFL": 0}]
 
 
 @pytest.fixture(params=VARIANTS, ids=["default", "depth-2", "depth-3", "l2-prefetch", "exact-max", "q-in-registers",
-                                      "scale-shuffle"])
+                                      "scale-loads"])
 def variant(request, monkeypatch):
-    """The shipped tuning (q in shared memory, no register ring), rings of 2 and 3 pages, the L2
-    prefetch, the exact running max, q in registers and fp8-token scales by shuffle (other code
-    paths)."""
+    """The shipped tuning (q in shared memory, no register ring, fp8-token scales by shuffle),
+    rings of 2 and 3 pages, the L2 prefetch, the exact running max, q in registers and fp8-token
+    scales by one load each (other code paths)."""
     tuning = dict(paged_decode_cuda.TUNING)
     tuning.update(request.param)
     monkeypatch.setattr(paged_decode_cuda, "TUNING", tuning)

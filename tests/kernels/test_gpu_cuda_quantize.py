@@ -71,6 +71,10 @@ def _special_pages(x: torch.Tensor, name: str, gen: torch.Generator) -> None:
         x[4] = vals.clamp(max=6.0) * blocks * sign
         x[4, :, :, ::16] = 6.0 * blocks[::16]        # each block's amax: 6 x a power of two
         x[4, 0, :, 0] = 2688.0                          # page amax: global scale 1
+        # Blocks far below their page's amax: subnormal E4M3 block scales, whose rounding can put
+        # |x / s| far past 6 (the clamped path), next to blocks with normal scales.
+        x[5, :, :, 16:32] *= 1e-5
+        x[5, :, :, 48:64] *= 3e-5
     else:
         # 1.xxxx * 2^j: five significant bits, E4M3 keeps four, so half of them are exact ties
         # (subnormal E4M3 ones included, j down to -12).
@@ -79,9 +83,26 @@ def _special_pages(x: torch.Tensor, name: str, gen: torch.Generator) -> None:
         x[4, :, :, 1] = 448.0                           # page and token amax 448: scale 1
 
 
+SHAPES = [(8, 128, 16), (3, 64, 16), (5, 64, 32), (2, 128, 4)]
+
+
 @pytest.mark.parametrize("name", COMPACT)
-@pytest.mark.parametrize("heads,head_dim,page_size", [(8, 128, 16), (3, 64, 16), (5, 64, 32), (2, 128, 4)])
+@pytest.mark.parametrize("heads,head_dim,page_size", SHAPES)
 def test_cuda_quantize_bit_identical(name, heads, head_dim, page_size, division_steps):
+    _check_bit_identical(name, heads, head_dim, page_size)
+
+
+@pytest.mark.parametrize("variant", [{"NOCLAMP": 0, "AMAX2": 0}, {"NOCLAMP": 1}, {"AMAX2": 1},
+                                     {"NOCLAMP": 1, "AMAX2": 1, "EXPHI": 1}],
+                         ids=["clamped", "no-clamp", "packed-amax", "all"])
+@pytest.mark.parametrize("heads,head_dim,page_size", SHAPES)
+def test_cuda_quantize_nvfp4_variants_bit_identical(variant, heads, head_dim, page_size, monkeypatch):
+    """The NVFP4 path's compile-time variants (quantize_cuda.TUNING), each against the reference."""
+    monkeypatch.setattr(quantize_cuda, "TUNING", {**quantize_cuda.TUNING, **variant})
+    _check_bit_identical("nvfp4", heads, head_dim, page_size)
+
+
+def _check_bit_identical(name, heads, head_dim, page_size):
     gen = torch.Generator().manual_seed(heads * 7 + head_dim + page_size)
     f = make_format(name, page_size=page_size, layers=2, heads=heads, head_dim=head_dim)
     n, pool = 300, 512

@@ -4,7 +4,9 @@
 // Compiled at run time by NVRTC (kvwire/kernels/nvrtc.py) with these macros:
 //   H (KV heads), P (page size), D (64 or 128), CPL (16-byte chunks per thread), ELEM (1 fp8,
 //   2 nvfp4), GRAN (fp8 only: 1 token, 2 page, 3 static = tensor/head), CHECK (count NaN/inf
-//   into *flag), DIVSTEPS (FMA correction steps of the exact division, 1 or 2).
+//   into *flag), DIVSTEPS (FMA correction steps of the exact division, 1 or 2); NVFP4 variants:
+//   NOCLAMP (skip the clamp to 6 where the block scale is a normal E4M3, see below), AMAX2 (block
+//   amax by packed bf16x2 max: one instruction per two elements).
 //
 // Layout of the work: one block of TPT = P * D / (8 * CPL) threads per (page, KV head) tile; the
 // [P, D] bf16 tile is read with 16-byte loads, all issued before any arithmetic, and stays in
@@ -31,6 +33,16 @@
 #error "P * D / (8 * CPL) must be a multiple of 32, at most 1024, and CPL even for NVFP4"
 #endif
 
+#ifndef NOCLAMP
+#define NOCLAMP 0
+#endif
+#ifndef AMAX2
+#define AMAX2 0
+#endif
+#ifndef EXPHI
+#define EXPHI 0
+#endif
+
 #include "ptx_common.cuh"
 #include "exact_division.cuh"
 
@@ -50,11 +62,32 @@ __device__ __forceinline__ float elem(const uint4& v, int e) {
     u32 w = (e < 2) ? v.x : (e < 4) ? v.y : (e < 6) ? v.z : v.w;
     return __uint_as_float((e & 1) ? (w & 0xffff0000u) : (w << 16));
 }
+// |element e| of a chunk: the sign bit masked off while unpacking (one AND for odd elements), so
+// the NVFP4 path divides magnitudes and needs no separate abs per element.
+__device__ __forceinline__ float elem_abs(const uint4& v, int e) {
+    u32 w = (e < 2) ? v.x : (e < 4) ? v.y : (e < 6) ? v.z : v.w;
+    return __uint_as_float((e & 1) ? (w & 0x7fff0000u) : ((w & 0x7fffu) << 16));
+}
 __device__ __forceinline__ float chunk_amax(const uint4& v) {
     float m = 0.0f;
 #pragma unroll
     for (int e = 0; e < 8; ++e) m = fmaxf(m, fabsf(elem(v, e)));
     return m;
+}
+// max |x| of two chunks (an NVFP4 block of 16) by packed bf16x2 max of magnitudes, as fp32.
+__device__ __forceinline__ u32 bmax_abs2(u32 a, u32 b) {
+    u32 r;
+    asm("{ .reg .b32 x, y; abs.bf16x2 x, %1; abs.bf16x2 y, %2; max.bf16x2 %0, x, y; }" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+__device__ __forceinline__ u32 bmax2(u32 a, u32 b) {
+    u32 r;
+    asm("max.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+__device__ __forceinline__ float block_amax2(const uint4& v, const uint4& w) {
+    const u32 m = bmax2(bmax2(bmax_abs2(v.x, v.y), bmax_abs2(v.z, v.w)), bmax2(bmax_abs2(w.x, w.y), bmax_abs2(w.z, w.w)));
+    return fmaxf(__uint_as_float(m << 16), __uint_as_float(m & 0xffff0000u));
 }
 __device__ __forceinline__ int chunk_non_finite(const uint4& v) {
     int n = 0;
@@ -79,8 +112,17 @@ __device__ __forceinline__ float e4m3_value(u32 b) {
 // m = 2^(1-k) (k = 0, 1, 2 from the exponent) and round to an integer by adding 2^23.
 // Returned biased: the code plus E2M1_BIAS, which nibble_sum takes off for a whole word at once.
 #define E2M1_BIAS 0x4b0000feu
+__device__ __forceinline__ u32 exponent_field(float mag) {    // bits >> 23 of a non-negative float
+#if EXPHI
+    u32 r;                                                   // as a multiply-high: the FMA pipe, not the ALU
+    asm("mul.hi.u32 %0, %1, 512;" : "=r"(r) : "r"(__float_as_uint(mag)));
+    return r;
+#else
+    return __float_as_uint(mag) >> 23;
+#endif
+}
 __device__ __forceinline__ u32 e2m1_mag_biased(float mag) {
-    const int k = max((int)(__float_as_uint(mag) >> 23), 127);          // 127 + k
+    const int k = max((int)exponent_field(mag), 127);                   // 127 + k
     const float m = __uint_as_float((u32)(255 - k) << 23);
     return __float_as_uint(fma_rn(mag, m, 8388608.0f)) + 2u * (u32)k;
 }
@@ -140,9 +182,11 @@ extern "C" __global__ void __launch_bounds__(TPT) kvwire_quantize_pages(
     if (lane == 0 && bad) atomicAdd(flag, bad);
 #endif
 
+#if ELEM != 2 || !AMAX2
     float am[NL];
 #pragma unroll
     for (int l = 0; l < NL; ++l) am[l] = chunk_amax(v[l]);
+#endif
 
 #if ELEM == 1
     // ---- FP8 (E4M3) data, scale per token / page / static -------------------------------------
@@ -194,7 +238,11 @@ extern "C" __global__ void __launch_bounds__(TPT) kvwire_quantize_pages(
     float a = 0.0f;
 #pragma unroll
     for (int u = 0; u < NU; ++u) {
+#if AMAX2
+        bam[u] = block_amax2(v[2 * u], v[2 * u + 1]);
+#else
         bam[u] = fmaxf(am[2 * u], am[2 * u + 1]);
+#endif
         a = fmaxf(a, bam[u]);
     }
     a = block_max(a, sm_max, warp, lane);
@@ -211,13 +259,22 @@ extern "C" __global__ void __launch_bounds__(TPT) kvwire_quantize_pages(
         page[bs_off + row * (D / 16) + c] = (u8)bbits;
         const float s = mul_rn(e4m3_value(bbits), glob);
         u32 mag[16];
+#if NOCLAMP
+        // A normal E4M3 block scale is within 2^-4 of bq (relative), so |x / s| <= 6.375 + tiny and
+        // the unclamped code, 4 + round(|y| / 2), is still 7 above 6: the clamp changes nothing.
+        if (bbits >= 8u && div_fast_ok(s)) {
+            const float r = rcp_rn(s);
+#pragma unroll
+            for (int e = 0; e < 16; ++e) mag[e] = e2m1_mag_biased(div_fast(elem_abs(v[2 * u + e / 8], e % 8), s, r));
+        } else
+#endif
         if (s > 0.0f && div_fast_ok(s)) {
             const float r = rcp_rn(s);
 #pragma unroll
-            for (int e = 0; e < 16; ++e) mag[e] = e2m1_mag_biased(fminf(fabsf(div_fast(elem(v[2 * u + e / 8], e % 8), s, r)), 6.0f));
+            for (int e = 0; e < 16; ++e) mag[e] = e2m1_mag_biased(fminf(div_fast(elem_abs(v[2 * u + e / 8], e % 8), s, r), 6.0f));
         } else if (s > 0.0f) {
 #pragma unroll
-            for (int e = 0; e < 16; ++e) mag[e] = e2m1_mag_biased(fminf(fabsf(div_rn(elem(v[2 * u + e / 8], e % 8), s)), 6.0f));
+            for (int e = 0; e < 16; ++e) mag[e] = e2m1_mag_biased(fminf(div_rn(elem_abs(v[2 * u + e / 8], e % 8), s), 6.0f));
         } else {
 #pragma unroll
             for (int e = 0; e < 16; ++e) mag[e] = E2M1_BIAS;

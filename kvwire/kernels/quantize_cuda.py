@@ -32,8 +32,12 @@ CHUNKS_PER_THREAD = {ElementType.FP8: 4, ElementType.NVFP4: 8}
 # numerator; 1 is exact for bf16 numerators (all the kernel divides: checked for all 2^30 significand
 # pairs on the H200 by test_gpu_cuda_quantize.py) and measured 8% faster for NVFP4 (32.6 vs 35.3 us).
 DIVISION_STEPS = 1
-# Compile-time variants of the NVFP4 path (quantize_pages.cu says what they do), on top of the
-# above; for benchmarks, sweeps and tests. Empty: the shipped kernel.
+# Compile-time variants of the NVFP4 path (quantize_pages.cu says what they do). Measured on the
+# H200 at 32k tokens, two interleaved rounds (2026-12-04, docs/benchmarks.md): clamped 31.8-32.3 us,
+# NOCLAMP 30.6-30.8, AMAX2 29.6, both 29.3 us (69.0% of the copy rate); EXPHI (the exponent by a
+# multiply-high) 30.5 us, dropped.
+DEFAULT_TUNING: dict[str, int] = {"NOCLAMP": 1, "AMAX2": 1}
+# Overrides on top of the defaults, for benchmarks, sweeps and tests of other variants.
 TUNING: dict[str, int] = {}
 
 
@@ -55,7 +59,7 @@ def kernel_for(page_format: PageFormat, part: int, check_finite: bool, device: t
     fmt = f.part_format(part)
     defines = {"H": f.num_kv_heads, "P": f.page_size, "D": f.head_dim, "CPL": chunks_per_thread(f, part),
                "ELEM": 1 if fmt.element is ElementType.FP8 else 2, "GRAN": gran_code(fmt),
-               "CHECK": int(check_finite), "DIVSTEPS": DIVISION_STEPS, **TUNING}
+               "CHECK": int(check_finite), "DIVSTEPS": DIVISION_STEPS, **DEFAULT_TUNING, **TUNING}
     return load_kernel(SOURCE, KERNEL, defines, device)
 
 

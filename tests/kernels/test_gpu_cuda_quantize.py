@@ -92,12 +92,12 @@ def test_cuda_quantize_bit_identical(name, heads, head_dim, page_size, division_
     _check_bit_identical(name, heads, head_dim, page_size)
 
 
-@pytest.mark.parametrize("variant", [{"NOCLAMP": 0, "AMAX2": 0}, {"NOCLAMP": 1}, {"AMAX2": 1},
-                                     {"NOCLAMP": 1, "AMAX2": 1, "EXPHI": 1}],
-                         ids=["clamped", "no-clamp", "packed-amax", "all"])
+@pytest.mark.parametrize("variant", [{"NOCLAMP": 0, "AMAX2": 0}, {"NOCLAMP": 1, "AMAX2": 0}, {"NOCLAMP": 0, "AMAX2": 1}],
+                         ids=["clamped", "no-clamp", "packed-amax"])
 @pytest.mark.parametrize("heads,head_dim,page_size", SHAPES)
 def test_cuda_quantize_nvfp4_variants_bit_identical(variant, heads, head_dim, page_size, monkeypatch):
-    """The NVFP4 path's compile-time variants (quantize_cuda.TUNING), each against the reference."""
+    """The NVFP4 path's other compile-time variants (quantize_cuda.TUNING) against the reference
+    (the shipped one, NOCLAMP and AMAX2, is test_cuda_quantize_bit_identical's)."""
     monkeypatch.setattr(quantize_cuda, "TUNING", {**quantize_cuda.TUNING, **variant})
     _check_bit_identical("nvfp4", heads, head_dim, page_size)
 

@@ -39,9 +39,6 @@
 #ifndef AMAX2
 #define AMAX2 0
 #endif
-#ifndef EXPHI
-#define EXPHI 0
-#endif
 
 #include "ptx_common.cuh"
 #include "exact_division.cuh"
@@ -62,11 +59,12 @@ __device__ __forceinline__ float elem(const uint4& v, int e) {
     u32 w = (e < 2) ? v.x : (e < 4) ? v.y : (e < 6) ? v.z : v.w;
     return __uint_as_float((e & 1) ? (w & 0xffff0000u) : (w << 16));
 }
-// |element e| of a chunk: the sign bit masked off while unpacking (one AND for odd elements), so
-// the NVFP4 path divides magnitudes and needs no separate abs per element.
+// |element e| of a chunk, for the NVFP4 path (which divides magnitudes): odd elements with the
+// sign masked off in the unpacking AND; even ones through fabsf, which the compiler folds into the
+// division's multiply and FMA as an operand modifier (no instruction of its own).
 __device__ __forceinline__ float elem_abs(const uint4& v, int e) {
     u32 w = (e < 2) ? v.x : (e < 4) ? v.y : (e < 6) ? v.z : v.w;
-    return __uint_as_float((e & 1) ? (w & 0x7fff0000u) : ((w & 0x7fffu) << 16));
+    return (e & 1) ? __uint_as_float(w & 0x7fff0000u) : fabsf(__uint_as_float(w << 16));
 }
 __device__ __forceinline__ float chunk_amax(const uint4& v) {
     float m = 0.0f;
@@ -112,17 +110,8 @@ __device__ __forceinline__ float e4m3_value(u32 b) {
 // m = 2^(1-k) (k = 0, 1, 2 from the exponent) and round to an integer by adding 2^23.
 // Returned biased: the code plus E2M1_BIAS, which nibble_sum takes off for a whole word at once.
 #define E2M1_BIAS 0x4b0000feu
-__device__ __forceinline__ u32 exponent_field(float mag) {    // bits >> 23 of a non-negative float
-#if EXPHI
-    u32 r;                                                   // as a multiply-high: the FMA pipe, not the ALU
-    asm("mul.hi.u32 %0, %1, 512;" : "=r"(r) : "r"(__float_as_uint(mag)));
-    return r;
-#else
-    return __float_as_uint(mag) >> 23;
-#endif
-}
 __device__ __forceinline__ u32 e2m1_mag_biased(float mag) {
-    const int k = max((int)exponent_field(mag), 127);                   // 127 + k
+    const int k = max((int)(__float_as_uint(mag) >> 23), 127);          // 127 + k
     const float m = __uint_as_float((u32)(255 - k) << 23);
     return __float_as_uint(fma_rn(mag, m, 8388608.0f)) + 2u * (u32)k;
 }

@@ -25,7 +25,12 @@ extern "C" __global__ void check_division(unsigned long long* bad, unsigned int*
     const float x = __uint_as_float(0x3f800000u | ((idx >> 23) << 16));
     const float s = __uint_as_float(0x3f800000u | (idx & 0x7fffffu));
     const float q = div_fast(x, s, rcp_rn(s));
-    if (__float_as_uint(q) != __float_as_uint(div_rn(x, s))) {
+    bool wrong = __float_as_uint(q) != __float_as_uint(div_rn(x, s));
+    // rcp_rn_in_range == rcp.rn for every significand, at both ends of div_fast_ok's range too
+    const float ends[3] = {s, s * 0x1p-80f, s * 0x1p99f};
+    for (int k = 0; k < 3; ++k)
+        wrong |= __float_as_uint(rcp_rn_in_range(ends[k])) != __float_as_uint(rcp_rn(ends[k]));
+    if (wrong) {
         if (atomicAdd(bad, 1ull) == 0ull) { example[0] = __float_as_uint(x); example[1] = __float_as_uint(s); }
     }
 }
@@ -34,7 +39,8 @@ extern "C" __global__ void check_division(unsigned long long* bad, unsigned int*
 
 @pytest.mark.parametrize("steps", [1, 2])
 def test_fast_division_is_exact_for_every_bf16_numerator(steps):
-    """The claim quantize_cuda.DIVISION_STEPS rests on, checked for all 2^30 significand pairs."""
+    """The claim quantize_cuda.DIVISION_STEPS rests on, checked for all 2^30 significand pairs, and
+    the branch-free reciprocal (rcp_rn_in_range) against rcp.rn for every fp32 significand."""
     import ctypes
 
     from kvwire.kernels.nvrtc import load_source
@@ -44,7 +50,8 @@ def test_fast_division_is_exact_for_every_bf16_numerator(steps):
     kern.launch((1 << 22, 1, 1), (256, 1, 1), [ctypes.c_void_p(bad.data_ptr()), ctypes.c_void_p(example.data_ptr())])
     torch.cuda.synchronize()
     x, s = example.cpu().view(torch.float32).tolist()
-    assert int(bad) == 0, f"{int(bad)} quotients differ from div.rn with {steps} step(s), e.g. {x!r} / {s!r}"
+    assert int(bad) == 0, (f"{int(bad)} quotients differ from div.rn with {steps} step(s), or reciprocals from "
+                           f"rcp.rn, e.g. {x!r} / {s!r}")
 
 
 @pytest.fixture(params=[1, 2], ids=["1-step", "2-step"])

@@ -136,6 +136,14 @@ __device__ __forceinline__ u32 e2m1_signs(const uint4& v) {
     const u32 odd = prmt(t0, t1, 0x7531), even = prmt(t0, t1, 0x6420);
     return (odd & 0x80808080u) | ((even >> 4) & 0x08080808u);
 }
+// One NVFP4 block's 8 data bytes: the 16 codes (biased, from e2m1_mag_biased) with the signs of
+// the two bf16 chunks they came from.
+__device__ __forceinline__ void store_nvfp4_unit(u8* dst, const uint4& c0, const uint4& c1, const u32* mag) {
+    uint2 out;
+    out.x = e2m1_signs(c0) | nibble_sum(mag);
+    out.y = e2m1_signs(c1) | nibble_sum(mag + 8);
+    *(uint2*)dst = out;
+}
 // Max of a over the block (every thread gets it): warp shuffles, then one shared-memory step.
 __device__ __forceinline__ float block_max(float a, float* sm, int warp, int lane) {
 #pragma unroll
@@ -244,25 +252,37 @@ extern "C" __global__ void __launch_bounds__(TPT) kvwire_quantize_pages(
     const bool g6_fast = div_fast_ok(g6);
     const float r6 = rcp_rn(g6);
     if (t == 0) *(float*)(page + gs_off + (i64)h * 4) = glob;
+    // Block scales first: when every block of this thread has a normal E4M3 scale in the fast
+    // division's range (NOCLAMP: the usual case), its blocks take one branch-free path.
+    float sv[NU];
+    bool all_fast = NOCLAMP != 0;
 #pragma unroll
     for (int u = 0; u < NU; ++u) {
-        const i64 row = row0 + u * RPS;
         const float bq = g6_fast ? div_fast(bam[u], g6, r6) : div_rn(bam[u], g6);
         const u32 bbits = e4m3x2(0.0f, fminf(bq, 448.0f)) & 0xffu;
-        page[bs_off + row * (D / 16) + c] = (u8)bbits;
-        const float s = mul_rn(e4m3_value(bbits), glob);
-        u32 mag[16];
-#if NOCLAMP
-        // A normal E4M3 block scale is within 2^-4 of bq (relative), so |x / s| <= 6.375 + tiny and
-        // the unclamped code, 4 + round(|y| / 2), is still 7 above 6: the clamp changes nothing.
-        if (bbits >= 8u && div_fast_ok(s)) {
-            const float r = rcp_rn(s);
+        page[bs_off + (row0 + u * RPS) * (D / 16) + c] = (u8)bbits;
+        sv[u] = mul_rn(e4m3_value(bbits), glob);
+        all_fast = all_fast && bbits >= 8u && div_fast_ok(sv[u]);
+    }
+    if (all_fast) {
+#pragma unroll
+        for (int u = 0; u < NU; ++u) {
+            // A normal E4M3 block scale is within 2^-4 of bq (relative), so |x / s| <= 6.375 + tiny
+            // and the unclamped code, 4 + round(|y| / 2), is still 7 above 6: no clamp needed.
+            u32 mag[16];
+            const float s = sv[u], r = rcp_rn_in_range(s);
 #pragma unroll
             for (int e = 0; e < 16; ++e) mag[e] = e2m1_mag_biased(div_fast(elem_abs(v[2 * u + e / 8], e % 8), s, r));
-        } else
-#endif
+            store_nvfp4_unit(page + data_off + (row0 + u * RPS) * (D / 2) + c * 8, v[2 * u], v[2 * u + 1], mag);
+        }
+        return;
+    }
+#pragma unroll
+    for (int u = 0; u < NU; ++u) {
+        const float s = sv[u];
+        u32 mag[16];
         if (s > 0.0f && div_fast_ok(s)) {
-            const float r = rcp_rn(s);
+            const float r = rcp_rn_in_range(s);
 #pragma unroll
             for (int e = 0; e < 16; ++e) mag[e] = e2m1_mag_biased(fminf(div_fast(elem_abs(v[2 * u + e / 8], e % 8), s, r), 6.0f));
         } else if (s > 0.0f) {
@@ -272,10 +292,7 @@ extern "C" __global__ void __launch_bounds__(TPT) kvwire_quantize_pages(
 #pragma unroll
             for (int e = 0; e < 16; ++e) mag[e] = E2M1_BIAS;
         }
-        uint2 out;
-        out.x = e2m1_signs(v[2 * u]) | nibble_sum(mag);
-        out.y = e2m1_signs(v[2 * u + 1]) | nibble_sum(mag + 8);
-        *(uint2*)(page + data_off + row * (D / 2) + c * 8) = out;
+        store_nvfp4_unit(page + data_off + (row0 + u * RPS) * (D / 2) + c * 8, v[2 * u], v[2 * u + 1], mag);
     }
 #else
 #error "ELEM must be 1 (fp8) or 2 (nvfp4)"

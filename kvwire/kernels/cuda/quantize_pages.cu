@@ -109,9 +109,10 @@ __device__ __forceinline__ float e4m3_value(u32 b) {
         " mov.b32 {lo, hi}, h2; cvt.f32.f16 %0, lo; }" : "=f"(r) : "r"(b));
     return r;
 }
-// |y| already clamped to [0, 6] -> E2M1 magnitude code 0..7, nearest, ties to even. The codes are
-// 2|y| rounded below 2, 2 + |y| rounded in [2, 4) and 4 + |y|/2 rounded in [4, 6]: scale by
-// m = 2^(1-k) (k = 0, 1, 2 from the exponent) and round to an integer by adding 2^23.
+// |y| in [0, 6.375] -> E2M1 magnitude code 0..7, nearest, ties to even. The codes are 2|y| rounded
+// below 2, 2 + |y| rounded in [2, 4) and 4 + |y|/2 rounded in [4, 6.375] (7 for all of (6, 6.375],
+// as if clamped to 6): scale by m = 2^(1-k) (k = 0, 1, 2 from the exponent) and round to an
+// integer by adding 2^23. Callers clamp to 6 wherever |y| could go past 6.375.
 // Returned biased: the code plus E2M1_BIAS, which nibble_sum takes off for a whole word at once.
 #define E2M1_BIAS 0x4b0000feu
 __device__ __forceinline__ u32 e2m1_mag_biased(float mag) {

@@ -72,20 +72,18 @@ __device__ __forceinline__ float chunk_amax(const uint4& v) {
     for (int e = 0; e < 8; ++e) m = fmaxf(m, fabsf(elem(v, e)));
     return m;
 }
-// max |x| of two chunks (an NVFP4 block of 16) by packed bf16x2 max of magnitudes, as fp32.
+// max |x| of two chunks (an NVFP4 block of 16), as fp32: packed bf16x2 maxima of magnitudes,
+// `max.xorsign.abs` (sm_86+), which takes |.| of its inputs itself; its result's sign (the XOR of
+// the inputs' signs) is dropped at the end.
 __device__ __forceinline__ u32 bmax_abs2(u32 a, u32 b) {
     u32 r;
-    asm("{ .reg .b32 x, y; abs.bf16x2 x, %1; abs.bf16x2 y, %2; max.bf16x2 %0, x, y; }" : "=r"(r) : "r"(a), "r"(b));
-    return r;
-}
-__device__ __forceinline__ u32 bmax2(u32 a, u32 b) {
-    u32 r;
-    asm("max.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    asm("max.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
     return r;
 }
 __device__ __forceinline__ float block_amax2(const uint4& v, const uint4& w) {
-    const u32 m = bmax2(bmax2(bmax_abs2(v.x, v.y), bmax_abs2(v.z, v.w)), bmax2(bmax_abs2(w.x, w.y), bmax_abs2(w.z, w.w)));
-    return fmaxf(__uint_as_float(m << 16), __uint_as_float(m & 0xffff0000u));
+    const u32 m = bmax_abs2(bmax_abs2(bmax_abs2(v.x, v.y), bmax_abs2(v.z, v.w)),
+                            bmax_abs2(bmax_abs2(w.x, w.y), bmax_abs2(w.z, w.w)));
+    return fmaxf(fabsf(__uint_as_float(m << 16)), fabsf(__uint_as_float(m & 0xffff0000u)));
 }
 __device__ __forceinline__ int chunk_non_finite(const uint4& v) {
     int n = 0;

@@ -32,6 +32,7 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 from kvwire.attention import attend_paged_reference
 from kvwire.formats import ElementType, PageFormat
@@ -173,10 +174,14 @@ def _decode_reduce_kernel(
     out_ptr, so_b, so_h, so_d,
     layer, num_splits, qk_scale,
     H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, BLOCK_P: tl.constexpr,
-    D: tl.constexpr, BLOCK_D: tl.constexpr, SB: tl.constexpr,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, SB: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """One program per (sequence, query head): attend the bf16 tail, merge the split partials
-    (SB at a time, log-sum-exp) and write the output row."""
+    (SB at a time, log-sum-exp) and write the output row.
+
+    PDL: launched as a programmatic dependent of the split kernel (which lets it start while the
+    split kernel's last blocks run): q and the tail, written before the split kernel started, are
+    read first; the partials only after ``gdc_wait``."""
     pid = tl.program_id(0)
     hq = H * G
     b = pid // hq
@@ -204,6 +209,8 @@ def _decode_reduce_kernel(
     l_i = tl.sum(p, axis=0)
     acc = tl.sum(p[:, None] * v, axis=0)
 
+    if PDL:
+        gdc_wait()
     sp = tl.arange(0, SB)
     row0 = ((b * H + h).to(tl.int64) * num_splits) * G + g
     for s0 in range(0, num_splits, SB):
@@ -340,11 +347,12 @@ def paged_decode_attention(q: torch.Tensor, storage: torch.Tensor, page_format: 
             num_warps=nw, num_stages=ns,
         )
     tail16 = tail.view(torch.int16)
+    pdl = cuda_kernel is not None and paged_decode_cuda.dependent_launch(dev)
     _decode_reduce_kernel[(bsz * hq,)](
         q, *q.stride(), tail16, *tail16.stride(), tail_slot, tail_len, part_acc, part_m, part_l,
         out, *out.stride(), layer, splits, qk_scale,
         H=h, G=g, P=f.page_size, BLOCK_P=pow2(f.page_size), D=d, BLOCK_D=block_d,
-        SB=min(64, pow2(splits)), num_warps=4,
+        SB=min(64, pow2(splits)), PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}),
     )
     return out
 

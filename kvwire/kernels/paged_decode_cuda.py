@@ -91,6 +91,19 @@ def select(backend: str, page_format: PageFormat, num_q_heads: int, q: torch.Ten
                   "paged decode")
 
 
+# Programmatic dependent launch of the Triton reduce kernel after this one (sm_90+): the split
+# kernel's blocks signal at their start (griddepcontrol.launch_dependents), so the reduce kernel is
+# launched while the last wave of split blocks runs, reads q and the tail, and waits
+# (griddepcontrol.wait) only before the partials. A step is ~25 us at 1x32k, and this takes the
+# second launch's latency off its critical path. False: plain stream order.
+DEPENDENT_LAUNCH = True
+
+
+def dependent_launch(device: torch.device) -> bool:
+    """Whether the reduce kernel is launched as a programmatic dependent on ``device``."""
+    return DEPENDENT_LAUNCH and torch.cuda.get_device_capability(device) >= (9, 0)
+
+
 def default_splits(kernel: CudaKernel, batch: int, kv_heads: int, max_pages: int, device: torch.device,
                    num_warps: int = NUM_WARPS) -> int:
     """Split count: the fewest splits whose blocks fill whole waves of the GPU best.
@@ -136,5 +149,5 @@ def split_partials(kern: CudaKernel, q: torch.Tensor, storage: torch.Tensor, pag
     kern.launch((splits, bsz * f.num_kv_heads, 1), (32 * num_warps, 1, 1), args)
 
 
-__all__ = ["NvrtcUnavailableError", "default_splits", "kernel_for", "select", "split_partials", "supports",
+__all__ = ["NvrtcUnavailableError", "default_splits", "dependent_launch", "kernel_for", "select", "split_partials", "supports",
            "tuning_for"]

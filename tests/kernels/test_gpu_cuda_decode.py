@@ -134,3 +134,11 @@ def test_cuda_decode_in_a_cuda_graph(variant):
     graph.replay()
     torch.cuda.synchronize()
     assert rel_err(out, paged_decode_reference(*args)) < 1e-2
+
+
+@pytest.mark.parametrize("name", ["fp8-token/nvfp4", "fp8-tensor"])
+def test_cuda_decode_in_plain_stream_order(name, monkeypatch):
+    """The reduce kernel launched after the split kernel in plain stream order (no programmatic
+    dependent launch), the path taken before sm_90."""
+    monkeypatch.setattr(paged_decode_cuda, "DEPENDENT_LAUNCH", False)
+    _check_decode(_decode_problem(name), 1e-2, backend="cuda")

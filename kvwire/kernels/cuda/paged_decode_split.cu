@@ -225,6 +225,11 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
     const int gi = lane >> 2;
     const int ci = lane & 3;
 
+#if __CUDA_ARCH__ >= 900
+    // The Triton reduce kernel may launch now (paged_decode_cuda.DEPENDENT_LAUNCH); it waits for
+    // this grid's completion (griddepcontrol.wait) before it reads the partials.
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
     const int n = num_pages[b];
     const int pps = (n + num_splits - 1) / num_splits;
     const int p0 = imin(pid_s * pps, n);

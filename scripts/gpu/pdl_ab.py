@@ -1,6 +1,6 @@
 """A/B of the reduce kernel's programmatic dependent launch (paged_decode_cuda.DEPENDENT_LAUNCH) at 1x32k and
 32x32k, interleaved twice, graph-timed. Usage (GPU machine, repo root): PYTHONPATH=$PWD python3 scripts/gpu/pdl_ab.py"""
-import sys, torch
+import torch
 from kvwire.bench.attention import build_problem, copies_for, parse_shape, time_graph, time_sdpa
 from kvwire.formats import KVFormat, PageFormat
 from kvwire.kernels import paged_decode_cuda as pdc

@@ -54,10 +54,11 @@ __device__ __forceinline__ LaneOffsets lane_offsets(int h, int gi, int ci, i64 k
 #if KELEM == 1
     o.k = (u32)(k_data + h * P * D + gi * D + 16 * ci);
     o.kbs = 0;
-    o.ks = (u32)(KGRAN == 1 ? k_s + (h * P + gi) * 4 : (KGRAN == 2 ? k_s + h * 4 : 0));
 #if TOKSHFL
     const int lane = 4 * gi + ci;
     o.ks = (u32)(lane < P ? k_s + (h * P + lane) * 4 : v_s + (h * P + lane - P) * 4);
+#else
+    o.ks = (u32)(KGRAN == 1 ? k_s + (h * P + gi) * 4 : (KGRAN == 2 ? k_s + h * 4 : 0));
 #endif
 #else
     o.k = (u32)(k_data + h * P * (D / 2) + gi * (D / 2) + ci * (D / 8));

@@ -452,5 +452,16 @@ def load_colscale(st32, base, row, valid, h, s_off, gs_off, ELEM: tl.constexpr, 
     return cs
 
 
+_SM_COUNT: dict[int, int] = {}
+
+
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (cached: split heuristics ask on every call)."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
 def pow2(n: int) -> int:
     return triton.next_power_of_2(max(int(n), 1))

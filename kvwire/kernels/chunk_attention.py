@@ -6,10 +6,17 @@ j*P .. j*P+P-1, decoded from the pool) and the keys of its own page from the bf1
 (``k_open``/``v_open`` at positions ``open_start ..``) up to p. So a prefix-cache hit and a cold
 run compute the same thing.
 
-One program per (block of queries, KV head): the rows of its tiles are (query, head of the GQA
-group) pairs, so each page is read once per block for the whole group. It streams the stored
+One program per (block of queries, KV head, split): the rows of its tiles are (query, head of the
+GQA group) pairs, so each page is read once per block for the whole group. It streams the stored
 pages the block can see (dequantised in registers, like the decode kernel) and then the open
 tokens of the block's pages, with an fp32 online softmax.
+
+Split-KV, as in decode: a short chunk makes only (queries / block) x KV heads programs, fewer
+than the GPU has SMs (64 queries: 16 programs on 132 SMs), and each would stream the whole prefix
+alone. With ``num_splits`` > 1, splits 0 .. S-1 each take one range of the stored prefix, split S
+takes the open tokens, each writes an fp32 partial (max, sum, accumulator), and
+``_chunk_merge_kernel`` merges them (log-sum-exp) into the output. ``default_splits`` picks S
+from the SM count.
 """
 from __future__ import annotations
 
@@ -23,12 +30,20 @@ from kvwire.attention import attend_paged_reference
 from kvwire.formats import PageFormat
 from kvwire.kernels._common import (
     bf16_bits_to_f32, check_storage, elem_code, gran_code, interpreting, load_kv_tile, part_offsets,
-    pow2, read_pages_reference, static_arg, use_triton,
+    num_sms, pow2, read_pages_reference, static_arg, use_triton,
 )
 
 LOG2E = 1.4426950408889634
-# tile rows (queries x GQA group), keys per tile, warps, stages on the GPU
-CHUNK_ROWS, CHUNK_BLOCK_N, CHUNK_WARPS, CHUNK_STAGES = 64, 32, 4, 2
+# tile rows (queries x GQA group), keys per tile, warps, stages on the GPU. H200 sweep
+# (scripts/gpu/chunk_split.sh, 2026-12-04): 128 x 128 x 8 warps was fastest for every format at
+# 8k/32k prefixes and 64/512-query chunks; 32k + 512 nvfp4 1.50 ms against 2.76 for the earlier 64 x 32 x 4.
+CHUNK_ROWS, CHUNK_BLOCK_N, CHUNK_WARPS, CHUNK_STAGES = 128, 128, 8, 2
+# Splits of the stored prefix: only where the (query block, KV head) programs leave SMs idle (a
+# short chunk after a long prefix, e.g. a question after a cached document), up to one program
+# per SM, each split at least MIN_SPLIT_TOKENS long. A program is compute-bound, so splitting a
+# grid that already fills the GPU only adds the partials' write and merge (H200, 512-token chunk:
+# 3-20% slower, docs/benchmarks.md).
+MIN_SPLIT_TOKENS = 1024
 
 
 @triton.jit
@@ -37,16 +52,18 @@ def _chunk_kernel(
     st8, st16k, st16v, st32, ids_ptr, n_pages, static_ptr,
     ko_ptr, sko_l, sko_h, sko_d, vo_ptr, svo_l, svo_h, svo_d, n_open, open_start,
     out_ptr, so_n, so_h, so_d,
+    part_acc_ptr, part_m_ptr, part_l_ptr, num_splits, split_tokens,
     page_bytes, layer, qk_scale,
     k_data, k_s, k_bs, k_gs, v_data, v_s, v_bs, v_gs,
     H: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_M: tl.constexpr,
     P: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BN: tl.constexpr,
     K_ELEM: tl.constexpr, K_GRAN: tl.constexpr, V_ELEM: tl.constexpr, V_GRAN: tl.constexpr,
-    HW: tl.constexpr, NV_ASM: tl.constexpr, PREC: tl.constexpr = "tf32",
+    HW: tl.constexpr, NV_ASM: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr = "tf32",
 ):
     R: tl.constexpr = BLOCK_M * BLOCK_G
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
+    pid_s = tl.program_id(2)
     r = tl.arange(0, R)
     qn = pid_m * BLOCK_M + r // BLOCK_G
     g = r % BLOCK_G
@@ -78,7 +95,11 @@ def _chunk_kernel(
 
     # stored pages 0 .. min(n_pages, max_page) - 1; row sees page j iff j < its own page
     end_tok = (tl.minimum(max_page, n_pages) * P).to(tl.int32)
-    for t0 in range(0, end_tok, BN):
+    t_lo = 0
+    if SPLIT:      # split s < S: stored tokens [s, s + 1) * split_tokens; split S: none
+        t_lo = pid_s * split_tokens
+        end_tok = tl.minimum(t_lo + split_tokens, end_tok)
+    for t0 in range(t_lo, end_tok, BN):
         tk = t0 + t
         valid = tk < end_tok
         page = tl.load(ids_ptr + tk // P, mask=valid, other=0).to(tl.int64)
@@ -111,6 +132,8 @@ def _chunk_kernel(
     # open tokens of the block's pages (bf16, fp32 math), causal within the page
     o_lo = tl.minimum(tl.maximum(min_page * P - open_start, 0), n_open).to(tl.int32)
     o_hi = tl.minimum((max_page + 1) * P - open_start, n_open).to(tl.int32)
+    if SPLIT:      # the open tokens belong to the last split only
+        o_hi = tl.where(pid_s == num_splits, o_hi, o_lo)
     for o0 in range(o_lo, o_hi, BN):
         oi = o0 + t
         ovalid = oi < o_hi
@@ -118,7 +141,8 @@ def _chunk_kernel(
         omask = ovalid[:, None] & (d < D)[None, :]
         k = bf16_bits_to_f32(tl.load(ko_ptr + (oi.to(tl.int64)[:, None] * sko_l + h * sko_h
                                                + d[None, :].to(tl.int64) * sko_d), mask=omask, other=0))
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+        # tf32 on the GPU: exact for bf16 q and keys (7-bit significands), on tensor cores
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
         vis = ovalid[None, :] & ((pos // P)[None, :] == qpage[:, None]) & (pos[None, :] <= qpos[:, None])
         s = tl.where(vis, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -127,12 +151,45 @@ def _chunk_kernel(
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = bf16_bits_to_f32(tl.load(vo_ptr + (oi.to(tl.int64)[:, None] * svo_l + h * svo_h
                                                + d[None, :].to(tl.int64) * svo_d), mask=omask, other=0))
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PREC)
         m_i = m_new
 
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    ooffs = qn.to(tl.int64)[:, None] * so_n + (h * G + g).to(tl.int64)[:, None] * so_h + d[None, :].to(tl.int64) * so_d
-    tl.store(out_ptr + ooffs, out.to(out_ptr.dtype.element_ty), mask=qmask)
+    if SPLIT:      # partial [split, query, query head]: merged by _chunk_merge_kernel
+        prow = (pid_s * n_q + qn).to(tl.int64) * (H * G) + h * G + g
+        tl.store(part_m_ptr + prow, m_i, mask=rvalid)
+        tl.store(part_l_ptr + prow, l_i, mask=rvalid)
+        tl.store(part_acc_ptr + prow[:, None] * D + d[None, :], acc, mask=qmask)
+    else:
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        ooffs = (qn.to(tl.int64)[:, None] * so_n + (h * G + g).to(tl.int64)[:, None] * so_h
+                 + d[None, :].to(tl.int64) * so_d)
+        tl.store(out_ptr + ooffs, out.to(out_ptr.dtype.element_ty), mask=qmask)
+
+
+@triton.jit
+def _chunk_merge_kernel(part_acc_ptr, part_m_ptr, part_l_ptr, out_ptr, so_n, so_h, so_d, n_rows, num_parts,
+                        HQ: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
+    """out[query, head] = the log-sum-exp merge of its ``num_parts`` partials (rows = query x head)."""
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    d = tl.arange(0, BLOCK_D)
+    rmask = r < n_rows
+    mask = rmask[:, None] & (d < D)[None, :]
+    r64 = r.to(tl.int64)
+    m = tl.full([ROWS], -1.0e30, tl.float32)
+    l = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
+    for s in range(0, num_parts):
+        prow = s * n_rows + r64
+        ms = tl.load(part_m_ptr + prow, mask=rmask, other=-1.0e30)
+        m_new = tl.maximum(m, ms)
+        a = tl.math.exp2(m - m_new)
+        b = tl.math.exp2(ms - m_new)
+        l = l * a + tl.load(part_l_ptr + prow, mask=rmask, other=0.0) * b
+        acc = acc * a[:, None] + tl.load(part_acc_ptr + prow[:, None] * D + d[None, :], mask=mask, other=0.0) * b[:, None]
+        m = m_new
+    out = acc / tl.where(l > 0, l, 1.0)[:, None]
+    ooffs = (r64 // HQ)[:, None] * so_n + (r64 % HQ)[:, None] * so_h + d[None, :].to(tl.int64) * so_d
+    tl.store(out_ptr + ooffs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def paged_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.Tensor, page_format: PageFormat,
@@ -140,13 +197,16 @@ def paged_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.T
                           open_start: int, static_scales: torch.Tensor | None = None,
                           out: torch.Tensor | None = None, *, block_n: int | None = None, rows: int | None = None,
                           num_warps: int | None = None, num_stages: int | None = None,
+                          num_splits: int | None = None,
                           nvfp4_asm: bool = True, _hw: bool | None = None) -> torch.Tensor:
     """Attention of one sequence's queries ``q`` [N, Hq, D] at positions ``q_pos`` [N].
 
     page_ids [Np]: the sequence's stored pages (positions 0 .. Np*P-1) in ``storage``;
     k_open/v_open [Lo, H, D] bf16 at positions ``open_start ..`` (a multiple of P; each query's
     own position must lie in it); static_scales [L, 2, H] for fp8 tensor/head formats.
-    Returns [N, Hq, D] in q's dtype, as ``attend_paged_reference`` over the decoded pages.
+    num_splits: ranges the stored pages are split into (None: ``default_splits``; 1: one pass,
+    no partials). Returns [N, Hq, D] in q's dtype, as ``attend_paged_reference`` over the decoded
+    pages.
     """
     f = page_format
     check_storage(storage, f)
@@ -170,10 +230,7 @@ def paged_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.T
     dev = storage.device
     g = hq // h
     block_g = pow2(g)
-    rows = rows or (CHUNK_ROWS if hw else 128)
-    block_m = max(1, rows // block_g) if block_g < rows else 1
-    if block_m * block_g < 16:
-        block_m = 16 // block_g
+    block_m = queries_per_block(rows or (CHUNK_ROWS if hw else 128), block_g)
     block_d = pow2(d)
     bn = block_n or (CHUNK_BLOCK_N if hw else 64)
     static = static_arg(f, static_scales, dev)
@@ -184,17 +241,58 @@ def paged_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.T
     vo = v_open.to(torch.bfloat16).view(torch.int16)
     ids = page_ids.to(device=dev, dtype=torch.int64)
     qpos = q_pos.to(device=dev, dtype=torch.int64)
-    _chunk_kernel[(triton.cdiv(n, block_m), h)](
+    m_blocks = triton.cdiv(n, block_m)
+    stored = ids.numel() * f.page_size
+    splits = default_splits(m_blocks * h, stored, dev) if num_splits is None else int(num_splits)
+    if splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {splits}")
+    split = splits > 1
+    # every split's range a whole number of key tiles, the ranges covering the stored prefix
+    split_tokens = triton.cdiv(triton.cdiv(max(stored, 1), splits), bn) * bn
+    parts = splits + 1 if split else 1                  # split S: the open tokens
+    if split:
+        part_acc = torch.empty((parts, n, hq, d), dtype=torch.float32, device=dev)
+        part_m = torch.empty((parts, n, hq), dtype=torch.float32, device=dev)
+        part_l = torch.empty_like(part_m)
+    else:
+        part_acc = part_m = part_l = out                # not touched
+    _chunk_kernel[(m_blocks, h, parts)](
         q, *q.stride(), qpos, n, storage, st16, st16, st32, ids, ids.numel(), static,
         ko, *ko.stride(), vo, *vo.stride(), ko.shape[0], open_start,
-        out, *out.stride(), f.page_bytes, layer, LOG2E / math.sqrt(d),
+        out, *out.stride(), part_acc, part_m, part_l, splits, split_tokens,
+        f.page_bytes, layer, LOG2E / math.sqrt(d),
         *part_offsets(f, layer, 0), *part_offsets(f, layer, 1),
         H=h, G=g, BLOCK_G=block_g, BLOCK_M=block_m, P=f.page_size, D=d, BLOCK_D=block_d, BN=bn,
         K_ELEM=elem_code(kf), K_GRAN=gran_code(kf), V_ELEM=elem_code(vf), V_GRAN=gran_code(vf),
-        HW=hw, PREC="tf32" if hw else "ieee", NV_ASM=nvfp4_asm, num_warps=num_warps or CHUNK_WARPS,
-        num_stages=num_stages or (CHUNK_STAGES if hw else 1),
+        HW=hw, NV_ASM=nvfp4_asm, SPLIT=split, PREC="tf32" if hw else "ieee",
+        num_warps=num_warps or CHUNK_WARPS, num_stages=num_stages or (CHUNK_STAGES if hw else 1),
     )
+    if split:
+        rows_per_program = 16 if hw else 64
+        _chunk_merge_kernel[(triton.cdiv(n * hq, rows_per_program),)](
+            part_acc, part_m, part_l, out, *out.stride(), n * hq, parts,
+            HQ=hq, D=d, BLOCK_D=block_d, ROWS=rows_per_program, num_warps=4)
     return out
+
+
+def queries_per_block(rows: int, block_g: int) -> int:
+    """Queries of one program: ``rows`` tile rows of (query, GQA head) pairs, at least 16 rows."""
+    return max(1, rows // block_g, 16 // block_g)
+
+
+def default_splits(programs: int, stored_tokens: int, device: torch.device) -> int:
+    """Splits of the stored prefix: as many as keep programs <= SMs, each >= MIN_SPLIT_TOKENS long."""
+    if device.type != "cuda" or interpreting():
+        return 1
+    return max(1, min(num_sms(device) // max(1, programs), stored_tokens // MIN_SPLIT_TOKENS))
+
+
+def planned_splits(num_queries: int, num_q_heads: int, page_format: PageFormat, stored_pages: int,
+                   device: torch.device, rows: int | None = None) -> int:
+    """The split count ``paged_chunk_attention`` picks by default for such a call (benchmarks report it)."""
+    block_m = queries_per_block(rows or CHUNK_ROWS, pow2(num_q_heads // page_format.num_kv_heads))
+    programs = triton.cdiv(num_queries, block_m) * page_format.num_kv_heads
+    return default_splits(programs, stored_pages * page_format.page_size, device)
 
 
 # ---- torch reference -----------------------------------------------------------------------------

@@ -39,7 +39,7 @@ from kvwire.formats import ElementType, PageFormat
 from kvwire.kernels._common import (
     bf16_bits_to_f32, check_storage, elem_code, gran_code, interpreting, load_kv_tile,
     load_nvfp4_ab,
-    nvfp4_perm, part_offsets,
+    nvfp4_perm, num_sms, part_offsets,
     pow2, read_pages_reference, static_arg, use_triton,
 )
 from kvwire.kernels import paged_decode_cuda
@@ -231,16 +231,6 @@ def _decode_reduce_kernel(
 
 
 
-_SM_COUNT: dict[int, int] = {}
-
-
-def _num_sms(device: torch.device) -> int:
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SM_COUNT:
-        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SM_COUNT[idx]
-
-
 def default_config(page_format: PageFormat, batch: int, max_pages: int, device: torch.device,
                    num_q_heads: int | None = None, packed: bool = False) -> dict:
     """Split count and tile shape: enough programs to fill the GPU a few times over."""
@@ -251,7 +241,7 @@ def default_config(page_format: PageFormat, batch: int, max_pages: int, device: 
                 "num_warps": 4, "num_stages": 1}
     g = (num_q_heads or 4 * f.num_kv_heads) // f.num_kv_heads
     hp = heads_per_program(f.num_kv_heads, g) if packed else 1
-    sms = _num_sms(device)
+    sms = num_sms(device)
     programs = batch * (f.num_kv_heads // hp)
     # H200 sweep (scripts/gpu/sweep.sh, 32x32k): one KV head per program with 128-token tiles beat
     # the packed variant for every format despite its lower instruction count.

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.skipif(not interpreting(), reason="interpreter tests (T
 
 
 def run_case(name, gqa=4, heads=2, head_dim=64, page_size=16, n_pages=5, open_start=48, open_len=37,
-             q_index=None, q_dtype=torch.float32, seed=0, tol=1e-4, device="cpu"):
+             q_index=None, q_dtype=torch.float32, seed=0, tol=1e-4, device="cpu", num_splits=None):
     gen = torch.Generator().manual_seed(seed)
     f = make_format(name, page_size=page_size, layers=2, heads=heads, head_dim=head_dim)
     storage, static = make_pool(f, 24, gen, device)
@@ -24,7 +24,7 @@ def run_case(name, gqa=4, heads=2, head_dim=64, page_size=16, n_pages=5, open_st
     pos = pos.to(device)
     q = torch.randn((len(pos), gqa * heads, head_dim), generator=gen).to(q_dtype).to(device)
     out = torch.full_like(q, float("nan"))
-    paged_chunk_attention(q, pos, storage, f, 1, ids, ko, vo, open_start, static, out=out)
+    paged_chunk_attention(q, pos, storage, f, 1, ids, ko, vo, open_start, static, out=out, num_splits=num_splits)
     ref = paged_chunk_reference(q, pos, storage, f, 1, ids, ko, vo, open_start, static)
     assert not out.isnan().any(), "an output was left unwritten"
     err = rel_err(out, ref)
@@ -53,3 +53,22 @@ def test_cold_start_and_unsorted_queries():
     run_case("fp8-token", n_pages=0, open_start=0, open_len=40)
     run_case("fp8-head/nvfp4", gqa=1, heads=6, n_pages=4, open_start=32, open_len=30,
              q_index=torch.tensor([29, 3, 17, 0]))
+
+
+@pytest.mark.parametrize("splits", [2, 3, 7])
+def test_split_prefix_merges_to_the_same_result(splits):
+    # the stored prefix in `splits` ranges plus the open tokens as one more partial, merged by
+    # log-sum-exp; 7 splits of 5 pages leave some ranges empty (their partials must not count)
+    run_case("fp8-token/nvfp4", n_pages=5, open_start=80, open_len=21, seed=10 + splits, num_splits=splits)
+
+
+def test_split_with_pages_past_the_open_start():
+    # the runner's layout: stored pages overlap the open region, so late splits hold pages that
+    # only some query blocks may see
+    run_case("fp8-tensor", n_pages=5, open_start=32, open_len=45, head_dim=128, q_dtype=torch.bfloat16,
+             tol=1e-2, num_splits=3)
+
+
+def test_split_count_must_be_positive():
+    with pytest.raises(ValueError, match="num_splits"):
+        run_case("bf16", n_pages=1, open_start=16, open_len=3, num_splits=0)

@@ -148,19 +148,29 @@ def test_decode_page_ids_past_65536_and_offsets_past_2_31():
     _check_decode(args, 4e-3, backend="triton")
 
 
+CHUNK_TILES = {"default": {}, "64x32x4": {"rows": 64, "block_n": 32, "num_warps": 4, "num_stages": 2},
+               "128x64x8s3": {"rows": 128, "block_n": 64, "num_warps": 8, "num_stages": 3}}
+
+
 @pytest.mark.parametrize("name", ["bf16", "fp8-token", "fp8-tensor", "nvfp4", "fp8-token/nvfp4"])
-def test_chunk_attention(name):
+@pytest.mark.parametrize("splits", [1, 5, None], ids=["one-pass", "5-splits", "default-splits"])
+@pytest.mark.parametrize("tile", list(CHUNK_TILES))
+@pytest.mark.parametrize("n", [300, 40])
+def test_chunk_attention(name, splits, tile, n):
+    # 300 pages of prefix, then an n-token chunk (its pages stored too, as the runner does); the
+    # 40-token chunk leaves SMs idle, so the default splits the prefix
     gen = torch.Generator(device=DEV).manual_seed(0)
     f = make_format(name, page_size=16, layers=2, heads=8, head_dim=128)
-    storage, static = make_pool(f, 160, gen, DEV, empty=True)
-    ids = torch.randperm(160, device=DEV, generator=gen)[:100]
-    open_start, n = 64 * 16, 300            # 64 pages of prefix, then a 300-token chunk
+    storage, static = make_pool(f, 400, gen, DEV, empty=True)
+    ids = torch.randperm(400, device=DEV, generator=gen)[:330]
+    open_start = 300 * 16
     ko = torch.randn((n, 8, 128), device=DEV, generator=gen).to(torch.bfloat16)
     vo = torch.randn((n, 8, 128), device=DEV, generator=gen).to(torch.bfloat16)
     pos = torch.arange(open_start, open_start + n, device=DEV)
     q = torch.randn((n, 32, 128), device=DEV, generator=gen).to(torch.bfloat16)
     out = torch.full_like(q, float("nan"))
-    paged_chunk_attention(q, pos, storage, f, 1, ids, ko, vo, open_start, static, out=out)
+    paged_chunk_attention(q, pos, storage, f, 1, ids, ko, vo, open_start, static, out=out, num_splits=splits,
+                          **CHUNK_TILES[tile])
     ref = paged_chunk_reference(q, pos, storage, f, 1, ids, ko, vo, open_start, static)
     assert not out.isnan().any()
     err = rel_err(out, ref)

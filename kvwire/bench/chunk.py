@@ -1,0 +1,169 @@
+"""`kvwire bench chunk`: chunk attention (chunked prefill, prefix hits) over compact pages vs SDPA.
+
+For each prefix length, chunk length and KV format, ONE layer (Hq=32, Hkv=8, D=128, page size 16
+by default): a chunk of queries after a stored prefix (512 tokens: a chunked-prefill step; 64: a
+short question after a cached document), laid out as the runner calls
+``paged_chunk_attention`` (the prefix and the chunk's own full pages in the pool, the chunk's
+bf16 K/V as the open region). It reports the median time with the split count the engine picks
+and in one pass (``num_splits=1``, the kernel before split-KV), the TFLOP/s of the causal
+attention, and the ratio to torch SDPA on contiguous bf16 K/V: the faster of SDPA with the same
+causal mask (lower-right aligned: query i sees keys 0 .. prefix + i) and SDPA with no mask (a bit
+more work, but the mask can steer torch to a slower backend), all measured in one run. The error is
+against ``paged_chunk_reference`` (pages decoded by the torch reference, fp32 attention).
+
+Timing: each call captured in a CUDA graph (no host launch cost), median of the replays.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+DEFAULT_FORMATS = ("bf16", "fp8-token", "fp8-tensor", "nvfp4", "fp8-token/nvfp4")
+DEFAULT_PREFIXES = ("8k", "32k")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--formats", default=",".join(DEFAULT_FORMATS),
+                        help="comma-separated KV formats (KEYS/VALUES for mixed)")
+    parser.add_argument("--prefixes", default=",".join(DEFAULT_PREFIXES),
+                        help="comma-separated stored-prefix lengths in tokens (k = 1024)")
+    parser.add_argument("--chunks", default="512,64", help="comma-separated query counts of the chunk")
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument("--num-q-heads", type=int, default=32)
+    parser.add_argument("--num-kv-heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--page-size", type=int, default=16)
+    parser.add_argument("--splits", type=int, default=None,
+                        help="split count of the split run (default: what the engine picks)")
+    if "--out" not in parser._option_string_actions:
+        parser.add_argument("--out", default=None, help="write the result JSON here")
+
+
+def _tokens(s: str) -> int:
+    s = s.strip().lower()
+    return int(s[:-1]) * 1024 if s.endswith("k") else int(s)
+
+
+def causal_flops(chunk: int, prefix: int, num_q_heads: int, head_dim: int) -> float:
+    """Multiply-adds x 2 of QK^T and PV when query i sees keys 0 .. prefix + i."""
+    keys = chunk * prefix + chunk * (chunk + 1) / 2
+    return 4.0 * num_q_heads * head_dim * keys
+
+
+def run(args) -> dict:
+    from torch.nn.attention.bias import causal_lower_right
+
+    from kvwire.bench.attention import time_graph
+    from kvwire.formats import KVFormat, PageFormat
+    from kvwire.kernels.chunk_attention import paged_chunk_attention, paged_chunk_reference, planned_splits
+    from kvwire.kernels.quantize import write_pages
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("kvwire bench chunk needs a CUDA GPU")
+    dev = torch.device("cuda")
+    reps = 10 if args.quick else 30
+    hq, h, d, p = args.num_q_heads, args.num_kv_heads, args.head_dim, args.page_size
+    gen = torch.Generator(device=dev).manual_seed(0)
+    rows = []
+    cases = [(_tokens(a), int(c)) for a in args.prefixes.split(",") if a.strip()
+             for c in args.chunks.split(",") if c.strip()]
+    for prefix, n in cases:
+        if prefix % p or n % p:
+            raise ValueError(f"prefix {prefix} and chunk {n} must be multiples of the page size {p}")
+        total = prefix + n
+        q = torch.randn((n, hq, d), device=dev, generator=gen).to(torch.bfloat16)
+        pos = torch.arange(prefix, total, device=dev)
+        k_all = torch.randn((total, h, d), device=dev, generator=gen).to(torch.bfloat16)
+        v_all = torch.randn((total, h, d), device=dev, generator=gen).to(torch.bfloat16)
+        qs, ks, vs = q.transpose(0, 1)[None], k_all.permute(1, 0, 2)[None], v_all.permute(1, 0, 2)[None]
+        sdpa = _time_sdpa(qs, ks, vs, causal_lower_right(n, total), reps)
+        sdpa_ms = min(sdpa.values())
+        flops = causal_flops(n, prefix, hq, d)
+        print(f"prefix {prefix}, chunk {n}: bf16 SDPA (contiguous) causal {sdpa['causal']:.3f} ms, "
+              f"no mask {sdpa['no_mask']:.3f} ms ({flops / sdpa_ms / 1e9:.0f} TFLOP/s)", flush=True)
+        for name in [s.strip() for s in args.formats.split(",") if s.strip()]:
+            f = PageFormat(KVFormat.parse(name), p, 1, h, d)
+            n_pages = total // p
+            storage = torch.empty((n_pages + 8, f.page_bytes), dtype=torch.uint8, device=dev)
+            ids = torch.randperm(n_pages + 8, device=dev, generator=gen)[:n_pages]
+            static = (torch.rand((1, 2, h), device=dev, generator=gen) + 0.5) * (4.0 / 448)
+            for part, x in ((0, k_all), (1, v_all)):
+                write_pages(storage, f, 0, part, ids, x[: n_pages * p].view(n_pages, p, h, d), static[0, part],
+                            check_finite=False)
+            ko, vo = k_all[prefix:], v_all[prefix:]
+
+            def call(splits, out):
+                return paged_chunk_attention(q, pos, storage, f, 0, ids, ko, vo, prefix, static, out=out,
+                                             num_splits=splits)
+
+            splits = args.splits or planned_splits(n, hq, f, ids.numel(), dev)
+            out = torch.empty_like(q)
+            one_ms = time_graph([lambda: call(1, out)], reps)
+            split_ms = time_graph([lambda: call(splits, out)], reps)
+            call(splits, out)
+            ref = paged_chunk_reference(q, pos, storage, f, 0, ids, ko, vo, prefix, static)
+            err = float((out.double() - ref.double()).norm() / ref.double().norm())
+            row = {"format": name, "prefix": prefix, "chunk": n, "splits": splits,
+                   "ms": split_ms, "one_pass_ms": one_ms, "sdpa_ms": sdpa_ms,
+                   "sdpa_causal_ms": sdpa["causal"], "sdpa_no_mask_ms": sdpa["no_mask"],
+                   "tflops": flops / split_ms / 1e9, "speedup_vs_one_pass": one_ms / split_ms,
+                   "vs_sdpa": sdpa_ms / split_ms, "rel_err": err}
+            rows.append(row)
+            print(f"  {name:16s} splits={splits:2d} {split_ms:.3f} ms (one pass {one_ms:.3f}) "
+                  f"{row['tflops']:.0f} TFLOP/s  {row['vs_sdpa']:.2f}x SDPA  err {err:.1e}", flush=True)
+            del storage
+    return {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
+            "shape": {"num_q_heads": hq, "num_kv_heads": h, "head_dim": d, "page_size": p},
+            "rows": rows}
+
+
+def _time_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, reps: int) -> dict[str, float]:
+    """bf16 SDPA over the same keys: with the causal mask and with none (slightly more work, but the
+    mask can steer torch to a slower backend), each the best of enable_gqa and K/V expanded."""
+    import torch.nn.functional as F
+
+    from kvwire.bench.attention import time_graph
+    rep = q.shape[1] // k.shape[1]
+    ke, ve = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    out = {}
+    for key, m in (("causal", mask), ("no_mask", None)):
+        best = float("inf")
+        for kk, vv, gqa in ((k, v, True), (ke, ve, False)):
+            try:
+                best = min(best, time_graph([lambda: F.scaled_dot_product_attention(q, kk, vv, attn_mask=m,
+                                                                                   enable_gqa=gqa)], reps))
+            except (RuntimeError, TypeError) as e:
+                print(f"SDPA {key} enable_gqa={gqa}: {type(e).__name__} {str(e)[:100]}")
+        out[key] = best
+    return out
+
+
+def format_table(result: dict) -> str:
+    s = result["shape"]
+    lines = [f"device: {result['device']}   one layer: Hq={s['num_q_heads']} Hkv={s['num_kv_heads']} "
+             f"D={s['head_dim']} P={s['page_size']}, a chunk of queries after a stored prefix",
+             "SDPA: bf16 on contiguous K/V, the faster of causal-masked and unmasked",
+             "| prefix | chunk | format | splits | ms | one pass ms | speedup | TFLOP/s | SDPA causal ms | SDPA no mask ms | vs SDPA | rel err |",
+             "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in result["rows"]:
+        lines.append(f"| {r['prefix']} | {r['chunk']} | {r['format']} | {r['splits']} | {r['ms']:.3f} | {r['one_pass_ms']:.3f} | "
+                     f"{r['speedup_vs_one_pass']:.2f}x | {r['tflops']:.0f} | {r['sdpa_causal_ms']:.3f} | {r['sdpa_no_mask_ms']:.3f} | "
+                     f"{r['vs_sdpa']:.2f}x | {r['rel_err']:.1e} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    result = run(args)
+    print(format_table(result))
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(result, fh, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -79,8 +79,8 @@ def _chunk_kernel(
     max_page = tl.max(tl.where(rvalid, qpage, -1), axis=0)
 
     ck = qk_scale
-    if K_GRAN == 3:
-        ck = ck * tl.load(static_ptr + (layer * 2 + 0) * H + h)
+    if K_GRAN == 3:            # > 0: it multiplies -inf scores inside the exponent's FMA
+        ck = tl.maximum(ck * tl.load(static_ptr + (layer * 2 + 0) * H + h), 1.0e-30)
     if HW:
         if K_ELEM == 0:
             qk = q.to(tl.bfloat16)
@@ -93,41 +93,25 @@ def _chunk_kernel(
     acc = tl.zeros([R, BLOCK_D], tl.float32)
     t = tl.arange(0, BN)
 
-    # stored pages 0 .. min(n_pages, max_page) - 1; row sees page j iff j < its own page
+    # stored pages 0 .. min(n_pages, max_page) - 1; row sees page j iff j < its own page. Tiles
+    # below the block's first query page are seen by every row: no mask there (most of a long
+    # prefix), the per-row page test only on the tiles after it.
     end_tok = (tl.minimum(max_page, n_pages) * P).to(tl.int32)
     t_lo = 0
     if SPLIT:      # split s < S: stored tokens [s, s + 1) * split_tokens; split S: none
         t_lo = pid_s * split_tokens
         end_tok = tl.minimum(t_lo + split_tokens, end_tok)
-    for t0 in range(t_lo, end_tok, BN):
-        tk = t0 + t
-        valid = tk < end_tok
-        page = tl.load(ids_ptr + tk // P, mask=valid, other=0).to(tl.int64)
-        base = page * page_bytes
-        row = tk % P
-        k, kcs = load_kv_tile(st8, st16k, st32, base, row, valid, h, k_data, k_s, k_bs, k_gs,
-                              K_ELEM, K_GRAN, P, D, BLOCK_D, BN, HW, NV_ASM)
-        s = tl.dot(qk, tl.trans(k), input_precision=PREC)
-        s = s * (kcs * ck)[None, :]
-        vis = valid[None, :] & ((tk // P).to(tl.int64)[None, :] < qpage[:, None])
-        s = tl.where(vis, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.math.exp2(m_i - m_new)
-        p = tl.math.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v, vcs = load_kv_tile(st8, st16v, st32, base, row, valid, h, v_data, v_s, v_bs, v_gs,
-                              V_ELEM, V_GRAN, P, D, BLOCK_D, BN, HW, NV_ASM)
-        if V_GRAN == 3:
-            vcs = vcs * tl.load(static_ptr + (layer * 2 + 1) * H + h)
-        vmax = tl.max(vcs, axis=0)
-        vmax = tl.where(vmax > 0, vmax, 1.0)
-        p = p * (vcs / vmax)[None, :]
-        if HW:
-            pv = tl.dot(p.to(v.dtype), v, input_precision=PREC)
-        else:
-            pv = tl.dot(p, v, input_precision=PREC)
-        acc = acc * alpha[:, None] + pv * vmax
-        m_i = m_new
+    full_end = (t_lo + (tl.maximum(tl.minimum(min_page * P, end_tok) - t_lo, 0) // BN) * BN).to(tl.int32)
+    for t0 in range(t_lo, full_end, BN):
+        m_i, l_i, acc = _stored_tile(t0, m_i, l_i, acc, qk, qpage, end_tok, ck, st8, st16k, st16v, st32, ids_ptr,
+                                     page_bytes, h, k_data, k_s, k_bs, k_gs, v_data, v_s, v_bs, v_gs,
+                                     K_ELEM, K_GRAN, V_ELEM, V_GRAN, P, D, BLOCK_D, BN, HW, NV_ASM, PREC, False)
+    for t0 in range(full_end, end_tok, BN):
+        m_i, l_i, acc = _stored_tile(t0, m_i, l_i, acc, qk, qpage, end_tok, ck, st8, st16k, st16v, st32, ids_ptr,
+                                     page_bytes, h, k_data, k_s, k_bs, k_gs, v_data, v_s, v_bs, v_gs,
+                                     K_ELEM, K_GRAN, V_ELEM, V_GRAN, P, D, BLOCK_D, BN, HW, NV_ASM, PREC, True)
+    if V_GRAN == 3:            # static value scale: once, before the (unscaled) open tokens join
+        acc = acc * tl.load(static_ptr + (layer * 2 + 1) * H + h)
 
     # open tokens of the block's pages (bf16, fp32 math), causal within the page
     o_lo = tl.minimum(tl.maximum(min_page * P - open_start, 0), n_open).to(tl.int32)
@@ -164,6 +148,56 @@ def _chunk_kernel(
         ooffs = (qn.to(tl.int64)[:, None] * so_n + (h * G + g).to(tl.int64)[:, None] * so_h
                  + d[None, :].to(tl.int64) * so_d)
         tl.store(out_ptr + ooffs, out.to(out_ptr.dtype.element_ty), mask=qmask)
+
+
+@triton.jit
+def _stored_tile(t0, m_i, l_i, acc, qk, qpage, end_tok, ck, st8, st16k, st16v, st32, ids_ptr, page_bytes, h,
+                 k_data, k_s, k_bs, k_gs, v_data, v_s, v_bs, v_gs,
+                 K_ELEM: tl.constexpr, K_GRAN: tl.constexpr, V_ELEM: tl.constexpr, V_GRAN: tl.constexpr,
+                 P: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BN: tl.constexpr, HW: tl.constexpr,
+                 NV_ASM: tl.constexpr, PREC: tl.constexpr, MASKED: tl.constexpr):
+    """One tile of BN stored tokens from t0 into the online softmax (m_i, l_i, acc; log2 units).
+
+    Per score element the work is kept to what FlashAttention does: the softmax scale rides in the
+    exponent's FMA, per-token key scales (FP8 token/page, the NVFP4 global scale) are the only
+    multiply, value scales only where they vary per token, and the page-causal test only on
+    MASKED tiles (those past the block's first query page or the range's end).
+    """
+    tk = t0 + tl.arange(0, BN)
+    valid = tk < end_tok
+    page = tl.load(ids_ptr + tk // P, mask=valid, other=0).to(tl.int64)
+    base = page * page_bytes
+    row = tk % P
+    k, kcs = load_kv_tile(st8, st16k, st32, base, row, valid, h, k_data, k_s, k_bs, k_gs,
+                          K_ELEM, K_GRAN, P, D, BLOCK_D, BN, HW, NV_ASM)
+    s = tl.dot(qk, tl.trans(k), input_precision=PREC)
+    if K_ELEM == 2 or (K_ELEM == 1 and (K_GRAN == 1 or K_GRAN == 2)):
+        s = s * kcs[None, :]
+    if MASKED:
+        vis = valid[None, :] & ((tk // P).to(tl.int64)[None, :] < qpage[:, None])
+        s = tl.where(vis, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1) * ck)
+    alpha = tl.math.exp2(m_i - m_new)
+    p = tl.math.exp2(s * ck - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v, vcs = load_kv_tile(st8, st16v, st32, base, row, valid, h, v_data, v_s, v_bs, v_gs,
+                          V_ELEM, V_GRAN, P, D, BLOCK_D, BN, HW, NV_ASM)
+    if V_ELEM == 2 or (V_ELEM == 1 and (V_GRAN == 1 or V_GRAN == 2)):
+        # per-token value scales ride on p, relative to the tile's largest (f16 range on the GPU)
+        vmax = tl.max(vcs, axis=0)
+        vmax = tl.where(vmax > 0, vmax, 1.0)
+        p = p * (vcs / vmax)[None, :]
+        if HW:
+            pv = tl.dot(p.to(v.dtype), v, input_precision=PREC)
+        else:
+            pv = tl.dot(p, v, input_precision=PREC)
+        acc = acc * alpha[:, None] + pv * vmax
+    else:
+        if HW:
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PREC)
+        else:
+            acc = tl.dot(p, v, acc * alpha[:, None], input_precision=PREC)
+    return m_new, l_i, acc
 
 
 @triton.jit

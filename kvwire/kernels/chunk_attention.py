@@ -91,6 +91,7 @@ def _chunk_kernel(
     m_i = tl.full([R], -1.0e30, tl.float32)
     l_i = tl.zeros([R], tl.float32)
     acc = tl.zeros([R, BLOCK_D], tl.float32)
+    vref = tl.full([], 0.0, tl.float32)   # per-token value scales: acc is in vref units (0: no tile yet)
     t = tl.arange(0, BN)
 
     # stored pages 0 .. min(n_pages, max_page) - 1; row sees page j iff j < its own page. Tiles
@@ -103,13 +104,15 @@ def _chunk_kernel(
         end_tok = tl.minimum(t_lo + split_tokens, end_tok)
     full_end = (t_lo + (tl.maximum(tl.minimum(min_page * P, end_tok) - t_lo, 0) // BN) * BN).to(tl.int32)
     for t0 in range(t_lo, full_end, BN):
-        m_i, l_i, acc = _stored_tile(t0, m_i, l_i, acc, qk, qpage, end_tok, ck, st8, st16k, st16v, st32, ids_ptr,
+        m_i, l_i, acc, vref = _stored_tile(t0, m_i, l_i, acc, vref, qk, qpage, end_tok, ck, st8, st16k, st16v, st32, ids_ptr,
                                      page_bytes, h, k_data, k_s, k_bs, k_gs, v_data, v_s, v_bs, v_gs,
                                      K_ELEM, K_GRAN, V_ELEM, V_GRAN, P, D, BLOCK_D, BN, HW, NV_ASM, PREC, False)
     for t0 in range(full_end, end_tok, BN):
-        m_i, l_i, acc = _stored_tile(t0, m_i, l_i, acc, qk, qpage, end_tok, ck, st8, st16k, st16v, st32, ids_ptr,
+        m_i, l_i, acc, vref = _stored_tile(t0, m_i, l_i, acc, vref, qk, qpage, end_tok, ck, st8, st16k, st16v, st32, ids_ptr,
                                      page_bytes, h, k_data, k_s, k_bs, k_gs, v_data, v_s, v_bs, v_gs,
                                      K_ELEM, K_GRAN, V_ELEM, V_GRAN, P, D, BLOCK_D, BN, HW, NV_ASM, PREC, True)
+    if V_ELEM == 2 or (V_ELEM == 1 and (V_GRAN == 1 or V_GRAN == 2)):
+        acc = acc * vref       # from units of the running value reference to real ones
     if V_GRAN == 3:            # static value scale: once, before the (unscaled) open tokens join
         acc = acc * tl.load(static_ptr + (layer * 2 + 1) * H + h)
 
@@ -151,7 +154,7 @@ def _chunk_kernel(
 
 
 @triton.jit
-def _stored_tile(t0, m_i, l_i, acc, qk, qpage, end_tok, ck, st8, st16k, st16v, st32, ids_ptr, page_bytes, h,
+def _stored_tile(t0, m_i, l_i, acc, vref, qk, qpage, end_tok, ck, st8, st16k, st16v, st32, ids_ptr, page_bytes, h,
                  k_data, k_s, k_bs, k_gs, v_data, v_s, v_bs, v_gs,
                  K_ELEM: tl.constexpr, K_GRAN: tl.constexpr, V_ELEM: tl.constexpr, V_GRAN: tl.constexpr,
                  P: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BN: tl.constexpr, HW: tl.constexpr,
@@ -159,9 +162,12 @@ def _stored_tile(t0, m_i, l_i, acc, qk, qpage, end_tok, ck, st8, st16k, st16v, s
     """One tile of BN stored tokens from t0 into the online softmax (m_i, l_i, acc; log2 units).
 
     Per score element the work is kept to what FlashAttention does: the softmax scale rides in the
-    exponent's FMA, per-token key scales (FP8 token/page, the NVFP4 global scale) are the only
-    multiply, value scales only where they vary per token, and the page-causal test only on
-    MASKED tiles (those past the block's first query page or the range's end).
+    exponent's FMA, P.V accumulates inside the MMA, and the page-causal test runs only on MASKED
+    tiles (those past the block's first query page or the range's end). Per-token scales (FP8
+    token/page, the NVFP4 global scale) are applied to the [BN, D] K and V tiles in their load
+    layout, relative to a reference that keeps them in f16 range: the tile's largest key scale
+    (a scalar folded into the exponent's FMA) and a running value reference ``vref`` (acc is kept
+    in its units; it moves, with one scalar rescale of acc, when a tile's scales leave 2^+-7 of it).
     """
     tk = t0 + tl.arange(0, BN)
     valid = tk < end_tok
@@ -170,9 +176,12 @@ def _stored_tile(t0, m_i, l_i, acc, qk, qpage, end_tok, ck, st8, st16k, st16v, s
     row = tk % P
     k, kcs = load_kv_tile(st8, st16k, st32, base, row, valid, h, k_data, k_s, k_bs, k_gs,
                           K_ELEM, K_GRAN, P, D, BLOCK_D, BN, HW, NV_ASM)
-    s = tl.dot(qk, tl.trans(k), input_precision=PREC)
     if K_ELEM == 2 or (K_ELEM == 1 and (K_GRAN == 1 or K_GRAN == 2)):
-        s = s * kcs[None, :]
+        kmax = tl.max(kcs, axis=0)
+        kmax = tl.where(kmax > 0, kmax, 1.0)
+        k = (k * (kcs / kmax).to(k.dtype)[:, None]).to(k.dtype)
+        ck = ck * kmax
+    s = tl.dot(qk, tl.trans(k), input_precision=PREC)
     if MASKED:
         vis = valid[None, :] & ((tk // P).to(tl.int64)[None, :] < qpage[:, None])
         s = tl.where(vis, s, float("-inf"))
@@ -183,21 +192,18 @@ def _stored_tile(t0, m_i, l_i, acc, qk, qpage, end_tok, ck, st8, st16k, st16v, s
     v, vcs = load_kv_tile(st8, st16v, st32, base, row, valid, h, v_data, v_s, v_bs, v_gs,
                           V_ELEM, V_GRAN, P, D, BLOCK_D, BN, HW, NV_ASM)
     if V_ELEM == 2 or (V_ELEM == 1 and (V_GRAN == 1 or V_GRAN == 2)):
-        # per-token value scales ride on p, relative to the tile's largest (f16 range on the GPU)
         vmax = tl.max(vcs, axis=0)
         vmax = tl.where(vmax > 0, vmax, 1.0)
-        p = p * (vcs / vmax)[None, :]
-        if HW:
-            pv = tl.dot(p.to(v.dtype), v, input_precision=PREC)
-        else:
-            pv = tl.dot(p, v, input_precision=PREC)
-        acc = acc * alpha[:, None] + pv * vmax
+        keep = (vref > 0) & (vmax <= vref * 128.0) & (vmax >= vref * 0.0078125)
+        new_ref = tl.where(keep, vref, vmax)
+        alpha = alpha * tl.where(vref > 0, vref / new_ref, 0.0)
+        v = (v * (vcs / new_ref).to(v.dtype)[:, None]).to(v.dtype)
+        vref = new_ref
+    if HW:
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PREC)
     else:
-        if HW:
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PREC)
-        else:
-            acc = tl.dot(p, v, acc * alpha[:, None], input_precision=PREC)
-    return m_new, l_i, acc
+        acc = tl.dot(p, v, acc * alpha[:, None], input_precision=PREC)
+    return m_new, l_i, acc, vref
 
 
 @triton.jit

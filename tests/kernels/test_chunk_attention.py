@@ -72,3 +72,31 @@ def test_split_with_pages_past_the_open_start():
 def test_split_count_must_be_positive():
     with pytest.raises(ValueError, match="num_splits"):
         run_case("bf16", n_pages=1, open_start=16, open_len=3, num_splits=0)
+
+
+@pytest.mark.parametrize("name", ["fp8-token", "fp8-page/nvfp4"])
+def test_value_scales_spread_over_decades(name):
+    # pages 1e-3 to 1e3 in magnitude: the kernels keep per-token value scales relative to a running
+    # reference (f16 range on the GPU), which must move (and rescale the accumulator) both ways
+    from kvwire.kernels.quantize import write_pages_reference
+
+    from .helpers import make_format, make_pool, random_kv
+    gen = torch.Generator().manual_seed(5)
+    f = make_format(name, page_size=16, layers=2, heads=2, head_dim=64)
+    storage, static = make_pool(f, 12, gen)
+    ids = torch.arange(12)
+    # per 64-token tile (4 pages): ~1e-3, ~1e3, ~1e-1, so the reference moves up, then down
+    factor = torch.tensor([1e-3, 1e-3, 2e-3, 1e-3, 1e3, 5e2, 1e3, 1e2, 1e-1, 1e-1, 5e-2, 1e-1])
+    for part in (0, 1):
+        x = random_kv((12, 16, 2, 64), gen) * factor[:, None, None, None] * (0.05 if part == 0 else 1.0)
+        write_pages_reference(storage, f, 1, part, ids, x, static[1, part])
+    ko = torch.randn((20, 2, 64), generator=gen).to(torch.bfloat16)
+    vo = torch.randn((20, 2, 64), generator=gen).to(torch.bfloat16)
+    pos = torch.arange(12 * 16, 12 * 16 + 20)
+    q = torch.randn((20, 8, 64), generator=gen)
+    for splits in (1, 3):
+        out = torch.full_like(q, float("nan"))
+        paged_chunk_attention(q, pos, storage, f, 1, ids, ko, vo, 12 * 16, static, out=out, num_splits=splits)
+        ref = paged_chunk_reference(q, pos, storage, f, 1, ids, ko, vo, 12 * 16, static)
+        assert not out.isnan().any()
+        assert rel_err(out, ref) < 1e-4, f"splits={splits}: relative error {rel_err(out, ref):.2e}"

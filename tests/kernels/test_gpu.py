@@ -176,3 +176,29 @@ def test_chunk_attention(name, splits, tile, n):
     err = rel_err(out, ref)
     print(f"rel err {err:.2e}")
     assert err < 1e-2
+
+
+@pytest.mark.parametrize("name", ["fp8-token", "fp8-page/nvfp4", "nvfp4"])
+def test_chunk_attention_scales_spread_over_decades(name):
+    # K/V pages from 1e-3 to 1e3 in magnitude, in runs of 8 pages (one 128-token tile): the kernel's
+    # f16 tiles hold per-token scales relative to the tile's (keys) or a running reference (values)
+    gen = torch.Generator(device=DEV).manual_seed(3)
+    f = make_format(name, page_size=16, layers=2, heads=8, head_dim=128)
+    n_pages = 48
+    storage, static = make_pool(f, n_pages, gen, DEV, empty=True)
+    ids = torch.arange(n_pages, device=DEV)
+    factor = torch.tensor([1e-3, 1e3, 1e-1, 1e2, 1e-2, 1.0], device=DEV).repeat_interleave(8)
+    for part in (0, 1):
+        x = random_kv((n_pages, 16, 8, 128), gen, DEV) * factor[:, None, None, None] * (0.05 if part == 0 else 1.0)
+        write_pages_reference(storage, f, 1, part, ids, x, static[1, part])
+    n, open_start = 40, n_pages * 16
+    ko = torch.randn((n, 8, 128), device=DEV, generator=gen).to(torch.bfloat16)
+    vo = torch.randn((n, 8, 128), device=DEV, generator=gen).to(torch.bfloat16)
+    pos = torch.arange(open_start, open_start + n, device=DEV)
+    q = torch.randn((n, 32, 128), device=DEV, generator=gen).to(torch.bfloat16)
+    ref = paged_chunk_reference(q, pos, storage, f, 1, ids, ko, vo, open_start, static)
+    for splits in (1, 3):
+        out = torch.full_like(q, float("nan"))
+        paged_chunk_attention(q, pos, storage, f, 1, ids, ko, vo, open_start, static, out=out, num_splits=splits)
+        assert not out.isnan().any() and not out.isinf().any()
+        assert rel_err(out, ref) < 1e-2, f"splits={splits}: relative error {rel_err(out, ref):.2e}"

@@ -104,13 +104,15 @@ def _chunk_kernel(
         end_tok = tl.minimum(t_lo + split_tokens, end_tok)
     full_end = (t_lo + (tl.maximum(tl.minimum(min_page * P, end_tok) - t_lo, 0) // BN) * BN).to(tl.int32)
     for t0 in range(t_lo, full_end, BN):
-        m_i, l_i, acc, vref = _stored_tile(t0, m_i, l_i, acc, vref, qk, qpage, end_tok, ck, st8, st16k, st16v, st32, ids_ptr,
-                                     page_bytes, h, k_data, k_s, k_bs, k_gs, v_data, v_s, v_bs, v_gs,
-                                     K_ELEM, K_GRAN, V_ELEM, V_GRAN, P, D, BLOCK_D, BN, HW, NV_ASM, PREC, False)
+        m_i, l_i, acc, vref = _stored_tile(
+            t0, m_i, l_i, acc, vref, qk, qpage, end_tok, ck, st8, st16k, st16v, st32, ids_ptr, page_bytes, h,
+            k_data, k_s, k_bs, k_gs, v_data, v_s, v_bs, v_gs,
+            K_ELEM, K_GRAN, V_ELEM, V_GRAN, P, D, BLOCK_D, BN, HW, NV_ASM, PREC, False)
     for t0 in range(full_end, end_tok, BN):
-        m_i, l_i, acc, vref = _stored_tile(t0, m_i, l_i, acc, vref, qk, qpage, end_tok, ck, st8, st16k, st16v, st32, ids_ptr,
-                                     page_bytes, h, k_data, k_s, k_bs, k_gs, v_data, v_s, v_bs, v_gs,
-                                     K_ELEM, K_GRAN, V_ELEM, V_GRAN, P, D, BLOCK_D, BN, HW, NV_ASM, PREC, True)
+        m_i, l_i, acc, vref = _stored_tile(
+            t0, m_i, l_i, acc, vref, qk, qpage, end_tok, ck, st8, st16k, st16v, st32, ids_ptr, page_bytes, h,
+            k_data, k_s, k_bs, k_gs, v_data, v_s, v_bs, v_gs,
+            K_ELEM, K_GRAN, V_ELEM, V_GRAN, P, D, BLOCK_D, BN, HW, NV_ASM, PREC, True)
     if V_ELEM == 2 or (V_ELEM == 1 and (V_GRAN == 1 or V_GRAN == 2)):
         acc = acc * vref       # from units of the running value reference to real ones
     if V_GRAN == 3:            # static value scale: once, before the (unscaled) open tokens join

@@ -12,10 +12,14 @@ class ModelLoadError(RuntimeError):
     """The model could not be found or read; the message says how to get it."""
 
 
+class NoGpuError(RuntimeError):
+    """A GPU-only command (the kernel benchmarks) ran where torch sees no CUDA device."""
+
+
 def _user_errors() -> tuple[type[BaseException], ...]:
     from kvwire.engine import InvalidRequestError
     from kvwire.page_pool import OutOfPagesError
-    return (UsageError, ModelLoadError, UnknownFormatError, InvalidRequestError, OutOfPagesError,
+    return (UsageError, ModelLoadError, NoGpuError, UnknownFormatError, InvalidRequestError, OutOfPagesError,
             FileNotFoundError)
 
 

@@ -225,11 +225,12 @@ def _dequant_then_sdpa(prob: Problem, page_format):
 # ---- run -----------------------------------------------------------------------------------------
 
 def run(args) -> dict:
+    from kvwire.errors import NoGpuError
     from kvwire.formats import KVFormat, PageFormat
     from kvwire.kernels.paged_decode import kv_bytes_read, paged_decode_attention
 
     if not torch.cuda.is_available():
-        raise RuntimeError("kvwire bench attention needs a CUDA GPU")
+        raise NoGpuError("kvwire bench attention needs a CUDA GPU (torch sees none here)")
     dev = "cuda"
     quick = bool(getattr(args, "quick", False))
     shapes = [parse_shape(s) for s in (QUICK_SHAPES if quick and args.shapes == ",".join(DEFAULT_SHAPES)

@@ -56,12 +56,13 @@ def run(args) -> dict:
     from torch.nn.attention.bias import causal_lower_right
 
     from kvwire.bench.attention import time_graph
+    from kvwire.errors import NoGpuError, UsageError
     from kvwire.formats import KVFormat, PageFormat
     from kvwire.kernels.chunk_attention import paged_chunk_attention, paged_chunk_reference, planned_splits
     from kvwire.kernels.quantize import write_pages
 
     if not torch.cuda.is_available():
-        raise RuntimeError("kvwire bench chunk needs a CUDA GPU")
+        raise NoGpuError("kvwire bench chunk needs a CUDA GPU (torch sees none here)")
     dev = torch.device("cuda")
     reps = 10 if args.quick else 30
     hq, h, d, p = args.num_q_heads, args.num_kv_heads, args.head_dim, args.page_size
@@ -71,7 +72,7 @@ def run(args) -> dict:
              for c in args.chunks.split(",") if c.strip()]
     for prefix, n in cases:
         if prefix % p or n % p:
-            raise ValueError(f"prefix {prefix} and chunk {n} must be multiples of the page size {p}")
+            raise UsageError(f"prefix {prefix} and chunk {n} must be multiples of the page size {p}")
         total = prefix + n
         q = torch.randn((n, hq, d), device=dev, generator=gen).to(torch.bfloat16)
         pos = torch.arange(prefix, total, device=dev)

@@ -37,12 +37,13 @@ def run(args) -> dict:
     from triton.testing import do_bench
 
     from kvwire.bench.attention import copy_bandwidth, time_graph
+    from kvwire.errors import NoGpuError
     from kvwire.formats import KVFormat, PageFormat
     from kvwire.kernels import quantize_cuda
     from kvwire.kernels.quantize import write_pages, written_bytes
 
     if not torch.cuda.is_available():
-        raise RuntimeError("kvwire bench quantize needs a CUDA GPU")
+        raise NoGpuError("kvwire bench quantize needs a CUDA GPU (torch sees none here)")
     dev = "cuda"
     quick = bool(getattr(args, "quick", False))
     copy = copy_bandwidth(device=dev)

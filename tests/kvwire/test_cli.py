@@ -27,6 +27,12 @@ def test_empty_prompt_is_one_line_exit_2():
     assert_one_line_error(kvwire("generate", "   "), "empty")
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the no-GPU message")
+@pytest.mark.parametrize("bench", ["attention", "quantize", "chunk"])
+def test_gpu_bench_without_a_gpu_is_one_line_exit_2(bench):
+    assert_one_line_error(kvwire("bench", bench), "needs a CUDA GPU")
+
+
 def test_help_lists_commands():
     r = kvwire("--help")
     assert r.returncode == 0 and "formats" in r.stdout and "generate" in r.stdout

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from dataclasses import dataclass
 
@@ -357,10 +358,8 @@ def format_table(result: dict) -> str:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    print(format_table(run(args)))
+    from kvwire.bench import module_main
+    module_main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ Timing: each call captured in a CUDA graph (no host launch cost), median of the 
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 
 import torch
 
@@ -156,14 +156,8 @@ def format_table(result: dict) -> str:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    result = run(args)
-    print(format_table(result))
-    if args.out:
-        with open(args.out, "w") as fh:
-            json.dump(result, fh, indent=2)
+    from kvwire.bench import module_main
+    module_main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 import torch
@@ -125,10 +126,8 @@ def format_table(result: dict) -> str:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    print(format_table(run(args)))
+    from kvwire.bench import module_main
+    module_main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 BENCHES = {
@@ -30,10 +29,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(mod, args: argparse.Namespace) -> int:
-    result = mod.run(args)
-    print(mod.format_table(result))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2))
-        print(f"wrote {args.out}")
+    from kvwire.bench import report
+    report(mod, args)
     return 0

@@ -272,7 +272,8 @@ def paged_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.T
     dev = storage.device
     g = hq // h
     block_g = pow2(g)
-    block_m = queries_per_block(rows or (CHUNK_ROWS if hw else 128), block_g)
+    rows = rows or (CHUNK_ROWS if hw else 128)
+    block_m = queries_per_block(rows, block_g)
     block_d = pow2(d)
     bn = block_n or (CHUNK_BLOCK_N if hw else 64)
     static = static_arg(f, static_scales, dev)
@@ -285,7 +286,7 @@ def paged_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.T
     qpos = q_pos.to(device=dev, dtype=torch.int64)
     m_blocks = triton.cdiv(n, block_m)
     stored = ids.numel() * f.page_size
-    splits = default_splits(m_blocks * h, stored, dev) if num_splits is None else int(num_splits)
+    splits = planned_splits(n, hq, f, ids.numel(), dev, rows) if num_splits is None else int(num_splits)
     if splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {splits}")
     split = splits > 1
@@ -331,7 +332,7 @@ def default_splits(programs: int, stored_tokens: int, device: torch.device) -> i
 
 def planned_splits(num_queries: int, num_q_heads: int, page_format: PageFormat, stored_pages: int,
                    device: torch.device, rows: int | None = None) -> int:
-    """The split count ``paged_chunk_attention`` picks by default for such a call (benchmarks report it)."""
+    """The split count ``paged_chunk_attention`` picks by default for such a call."""
     block_m = queries_per_block(rows or CHUNK_ROWS, pow2(num_q_heads // page_format.num_kv_heads))
     programs = triton.cdiv(num_queries, block_m) * page_format.num_kv_heads
     return default_splits(programs, stored_pages * page_format.page_size, device)

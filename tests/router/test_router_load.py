@@ -117,7 +117,8 @@ def test_client_cancel_frees_pages(client):
             break
     stream.cancel()
     assert wait_until(lambda: _idle(client), 30), client.stats()
-    assert stats_of(client).requests_cancelled >= 1
+    # the router counts the cancel when its handler unwinds, which can be after the workers are idle
+    assert wait_until(lambda: stats_of(client).requests_cancelled >= 1, 10), client.stats()
 
 
 def test_deadline_ends_request_and_frees_pages(client):

@@ -58,9 +58,8 @@ def run(args) -> dict:
     from kvwire.bench.attention import time_graph
     from kvwire.errors import NoGpuError, UsageError
     from kvwire.formats import KVFormat, PageFormat
-    from kvwire.kernels.chunk_attention import paged_chunk_attention, paged_chunk_reference, planned_splits
-    from kvwire.kernels.quantize import write_pages
-
+    from kvwire.kernels.chunk_attention import (default_tile, paged_chunk_attention, paged_chunk_reference,
+                                                 planned_splits)
     if not torch.cuda.is_available():
         raise NoGpuError("kvwire bench chunk needs a CUDA GPU (torch sees none here)")
     dev = torch.device("cuda")
@@ -86,13 +85,7 @@ def run(args) -> dict:
               f"no mask {sdpa['no_mask']:.3f} ms ({flops / sdpa_ms / 1e9:.0f} TFLOP/s)", flush=True)
         for name in [s.strip() for s in args.formats.split(",") if s.strip()]:
             f = PageFormat(KVFormat.parse(name), p, 1, h, d)
-            n_pages = total // p
-            storage = torch.empty((n_pages + 8, f.page_bytes), dtype=torch.uint8, device=dev)
-            ids = torch.randperm(n_pages + 8, device=dev, generator=gen)[:n_pages]
-            static = (torch.rand((1, 2, h), device=dev, generator=gen) + 0.5) * (4.0 / 448)
-            for part, x in ((0, k_all), (1, v_all)):
-                write_pages(storage, f, 0, part, ids, x[: n_pages * p].view(n_pages, p, h, d), static[0, part],
-                            check_finite=False)
+            storage, ids, static = stored_pages(f, k_all, v_all, gen)
             ko, vo = k_all[prefix:], v_all[prefix:]
 
             def call(splits, out):
@@ -106,18 +99,36 @@ def run(args) -> dict:
             call(splits, out)
             ref = paged_chunk_reference(q, pos, storage, f, 0, ids, ko, vo, prefix, static)
             err = float((out.double() - ref.double()).norm() / ref.double().norm())
-            row = {"format": name, "prefix": prefix, "chunk": n, "splits": splits,
+            tile = "x".join(map(str, default_tile(n, hq, f, dev)))       # rows x keys x warps x stages
+            row = {"format": name, "prefix": prefix, "chunk": n, "splits": splits, "tile": tile,
                    "ms": split_ms, "one_pass_ms": one_ms, "sdpa_ms": sdpa_ms,
                    "sdpa_causal_ms": sdpa["causal"], "sdpa_no_mask_ms": sdpa["no_mask"],
                    "tflops": flops / split_ms / 1e9, "speedup_vs_one_pass": one_ms / split_ms,
                    "vs_sdpa": sdpa_ms / split_ms, "rel_err": err}
             rows.append(row)
-            print(f"  {name:16s} splits={splits:2d} {split_ms:.3f} ms (one pass {one_ms:.3f}) "
+            print(f"  {name:16s} tile {tile} splits={splits:2d} {split_ms:.3f} ms (one pass {one_ms:.3f}) "
                   f"{row['tflops']:.0f} TFLOP/s  {row['vs_sdpa']:.2f}x SDPA  err {err:.1e}", flush=True)
             del storage
     return {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
             "shape": {"num_q_heads": hq, "num_kv_heads": h, "head_dim": d, "page_size": p},
             "rows": rows}
+
+
+def stored_pages(f, k_all: torch.Tensor, v_all: torch.Tensor, gen: torch.Generator):
+    """Layer 0 of a pool holding K/V [tokens, H, D] (bf16, whole pages) in format ``f``, laid out as
+    the runner leaves a sequence: pages at random places among 8 spare ones. Returns (storage,
+    page ids, static scales [1, 2, H] for fp8 tensor/head formats)."""
+    from kvwire.kernels.quantize import write_pages
+
+    dev, p, h, d = k_all.device, f.page_size, f.num_kv_heads, f.head_dim
+    n_pages = k_all.shape[0] // p
+    storage = torch.empty((n_pages + 8, f.page_bytes), dtype=torch.uint8, device=dev)
+    ids = torch.randperm(n_pages + 8, device=dev, generator=gen)[:n_pages]
+    static = (torch.rand((1, 2, h), device=dev, generator=gen) + 0.5) * (4.0 / 448)
+    for part, x in ((0, k_all), (1, v_all)):
+        write_pages(storage, f, 0, part, ids, x[: n_pages * p].view(n_pages, p, h, d), static[0, part],
+                    check_finite=False)
+    return storage, ids, static
 
 
 def _time_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, reps: int) -> dict[str, float]:

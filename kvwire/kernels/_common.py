@@ -313,35 +313,61 @@ def load_kv_tile(st8, st16, st32, base, row, valid, h, data_off, s_off, bs_off, 
         else:
             cs = tl.where(valid, 1.0, 0.0)
     else:
-        NB: tl.constexpr = D // 16
-        BLOCK_NB: tl.constexpr = BLOCK_D // 16
-        j = tl.arange(0, BLOCK_NB)
-        dh = tl.arange(0, BLOCK_D // 2)
-        offs = base + data_off + hp * (D // 2)
-        m2d = valid[:, None] & (dh < D // 2)[None, :]
-        u8 = tl.load(st8 + (offs[:, None] + dh[None, :]), mask=m2d, other=0)
-        u8 = tl.reshape(u8, [BN, BLOCK_NB, 8])
-        m2 = valid[:, None] & (j < NB)[None, :]
-        bs = tl.load(st8 + ((base + bs_off + hp * NB)[:, None] + j[None, :]), mask=m2, other=0)
+        u8, bs = _nvfp4_codes(st8, base, hp, valid, data_off, bs_off, D, BLOCK_D, BN)
         glob = tl.load(st32 + ((base + gs_off) // 4 + h), mask=valid, other=0.0)
         if HW:
-            bsf = bs.to(tl.float8e4nv, bitcast=True).to(tl.float16)
-            if NV_ASM:
-                lo, hi = _nvfp4_unpack_asm(u8, bsf[:, :, None])
-            else:
-                e_lo = ((u8 & 7) << 2) | ((u8 & 8) << 4)
-                e_hi = ((u8 >> 2) & 0x1C) | (u8 & 0x80)
-                lo = e_lo.to(tl.float8e4nv, bitcast=True).to(tl.float16) * bsf[:, :, None]
-                hi = e_hi.to(tl.float8e4nv, bitcast=True).to(tl.float16) * bsf[:, :, None]
+            tile = _nvfp4_hw_tile(u8, bs.to(tl.float8e4nv, bitcast=True).to(tl.float16), BLOCK_D, BN, NV_ASM)
             cs = glob * 64.0
         else:
             bsf = e4m3_decode(bs.to(tl.int32))
             c = u8.to(tl.int32)
             lo = e2m1_value(c & 15) * bsf[:, :, None]
             hi = e2m1_value(c >> 4) * bsf[:, :, None]
+            tile = tl.reshape(tl.join(lo, hi), [BN, BLOCK_D])
             cs = glob
-        tile = tl.reshape(tl.join(lo, hi), [BN, BLOCK_D])
     return tile, cs
+
+
+@triton.jit
+def _nvfp4_codes(st8, base, hp, valid, data_off, bs_off, D: tl.constexpr, BLOCK_D: tl.constexpr, BN: tl.constexpr):
+    """NVFP4 codes [BN, D/16, 8] (two per byte) and E4M3 block-scale bytes [BN, D/16] of BN tokens."""
+    NB: tl.constexpr = D // 16
+    BLOCK_NB: tl.constexpr = BLOCK_D // 16
+    j = tl.arange(0, BLOCK_NB)
+    dh = tl.arange(0, BLOCK_D // 2)
+    offs = base + data_off + hp * (D // 2)
+    m2d = valid[:, None] & (dh < D // 2)[None, :]
+    u8 = tl.load(st8 + (offs[:, None] + dh[None, :]), mask=m2d, other=0)
+    u8 = tl.reshape(u8, [BN, BLOCK_NB, 8])
+    m2 = valid[:, None] & (j < NB)[None, :]
+    bs = tl.load(st8 + ((base + bs_off + hp * NB)[:, None] + j[None, :]), mask=m2, other=0)
+    return u8, bs
+
+
+@triton.jit
+def _nvfp4_hw_tile(u8, bsf, BLOCK_D: tl.constexpr, BN: tl.constexpr, NV_ASM: tl.constexpr):
+    """Codes [BN, D/16, 8] x fp16 block scales [BN, D/16] -> fp16 tile [BN, BLOCK_D] of value * 2^-6 (GPU)."""
+    if NV_ASM:
+        lo, hi = _nvfp4_unpack_asm(u8, bsf[:, :, None])
+    else:
+        e_lo = ((u8 & 7) << 2) | ((u8 & 8) << 4)
+        e_hi = ((u8 >> 2) & 0x1C) | (u8 & 0x80)
+        lo = e_lo.to(tl.float8e4nv, bitcast=True).to(tl.float16) * bsf[:, :, None]
+        hi = e_hi.to(tl.float8e4nv, bitcast=True).to(tl.float16) * bsf[:, :, None]
+    return tl.reshape(tl.join(lo, hi), [BN, BLOCK_D])
+
+
+@triton.jit
+def load_nvfp4_tile_folded(st8, base, row, valid, h, data_off, bs_off, fold, P: tl.constexpr, D: tl.constexpr,
+                           BLOCK_D: tl.constexpr, BN: tl.constexpr, NV_ASM: tl.constexpr):
+    """NVFP4 tile [BN, BLOCK_D] in fp16 (GPU only) whose token t holds its codes x block scales x
+    ``fold[t]`` x 2^-6: a per-token factor (the global scale over a reference) applied to the
+    [BN, D/16] block scales instead of the [BN, D] tile, 1/16 of the multiplies. The caller keeps
+    bs x fold in fp16 range (block scales are <= 448)."""
+    hp = (h * P + row).to(tl.int64)
+    u8, bs = _nvfp4_codes(st8, base, hp, valid, data_off, bs_off, D, BLOCK_D, BN)
+    bsf = (bs.to(tl.float8e4nv, bitcast=True).to(tl.float32) * fold[:, None]).to(tl.float16)
+    return _nvfp4_hw_tile(u8, bsf, BLOCK_D, BN, NV_ASM)
 
 
 @triton.jit

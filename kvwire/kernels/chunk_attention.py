@@ -27,17 +27,27 @@ import triton
 import triton.language as tl
 
 from kvwire.attention import attend_paged_reference
-from kvwire.formats import PageFormat
+from kvwire.formats import ElementType, PageFormat
 from kvwire.kernels._common import (
-    bf16_bits_to_f32, check_storage, elem_code, gran_code, interpreting, load_kv_tile, part_offsets,
-    num_sms, pow2, read_pages_reference, static_arg, use_triton,
+    bf16_bits_to_f32, check_storage, elem_code, gran_code, interpreting, load_colscale, load_kv_tile,
+    load_nvfp4_tile_folded, num_sms, part_offsets, pow2, read_pages_reference, static_arg, use_triton,
 )
 
 LOG2E = 1.4426950408889634
-# tile rows (queries x GQA group), keys per tile, warps, stages on the GPU. H200 sweep
-# (scripts/gpu/chunk_split.sh, 2026-12-04): 128 x 128 x 8 warps was fastest for every format at
-# 8k/32k prefixes and 64/512-query chunks; 32k + 512 nvfp4 1.50 ms against 2.76 for the earlier 64 x 32 x 4.
-CHUNK_ROWS, CHUNK_BLOCK_N, CHUNK_WARPS, CHUNK_STAGES = 128, 128, 8, 2
+# Tiles on the GPU: (rows = queries x GQA group, keys per tile, warps, stages). H200 (docs/benchmarks.md,
+# "Chunk attention"):
+# - CHUNK_TILE: bf16 pages, and any chunk too short to give every SM a COMPACT_TILE program (those
+#   then split the prefix). 128 x 128 x 8 warps was the fastest of 8 shapes at 8k/32k prefixes and
+#   64/512-query chunks on 2026-12-04 (32k + 512 nvfp4 1.50 ms against 2.76 for 64 x 32 x 4).
+# - COMPACT_TILE: FP8/NVFP4 keys and values with a grid of at least one program per SM. Each program
+#   holds 255 registers (the wgmma accumulators), so a 256-thread program leaves an SM one program;
+#   a 128-thread one fits twice, and two independent programs overlap one's softmax and dequantisation
+#   with the other's MMAs. That needs shared memory for two, which compact tiles have since the open
+#   tokens moved from fp32 to bf16 operands (nvfp4 151 -> 69 KB). 32k + 512: nvfp4 1.43 -> 1.15-1.20 ms,
+#   fp8-token/nvfp4 1.43 -> 1.07-1.09, fp8-token 1.34 -> 1.17, fp8-tensor 1.01 -> 0.90 (bf16 pages
+#   need 148 KB there and lose: 0.78 -> 1.15). For 64-query chunks it is 35-40% slower than CHUNK_TILE.
+CHUNK_TILE = (128, 128, 8, 2)
+COMPACT_TILE = (64, 128, 4, 2)
 # Splits of the stored prefix: only where the (query block, KV head) programs leave SMs idle (a
 # short chunk after a long prefix, e.g. a question after a cached document), up to one program
 # per SM, each split at least MIN_SPLIT_TOKENS long. A program is compute-bound, so splitting a
@@ -123,24 +133,32 @@ def _chunk_kernel(
     o_hi = tl.minimum((max_page + 1) * P - open_start, n_open).to(tl.int32)
     if SPLIT:      # the open tokens belong to the last split only
         o_hi = tl.where(pid_s == num_splits, o_hi, o_lo)
+    q = tl.load(q_ptr + qoffs, mask=qmask, other=0.0).to(tl.float32)
+    if HW:     # reloaded (not kept from the start): no [rows, D] tile stays live across the stored loop
+        qo = tl.load(q_ptr + qoffs, mask=qmask & (o_hi > o_lo), other=0.0).to(tl.bfloat16)
     for o0 in range(o_lo, o_hi, BN):
         oi = o0 + t
         ovalid = oi < o_hi
         pos = (open_start + oi).to(tl.int64)
         omask = ovalid[:, None] & (d < D)[None, :]
-        k = bf16_bits_to_f32(tl.load(ko_ptr + (oi.to(tl.int64)[:, None] * sko_l + h * sko_h
-                                               + d[None, :].to(tl.int64) * sko_d), mask=omask, other=0))
-        # tf32 on the GPU: exact for bf16 q and keys (7-bit significands), on tensor cores
-        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+        kraw = tl.load(ko_ptr + (oi.to(tl.int64)[:, None] * sko_l + h * sko_h + d[None, :].to(tl.int64) * sko_d),
+                       mask=omask, other=0)
+        if HW:     # bf16 x bf16 products are exact in the fp32 accumulator
+            s = tl.dot(qo, tl.trans(kraw.to(tl.bfloat16, bitcast=True))) * qk_scale
+        else:
+            s = tl.dot(q, tl.trans(bf16_bits_to_f32(kraw)), input_precision=PREC) * qk_scale
         vis = ovalid[None, :] & ((pos // P)[None, :] == qpage[:, None]) & (pos[None, :] <= qpos[:, None])
         s = tl.where(vis, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.math.exp2(m_i - m_new)
         p = tl.math.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = bf16_bits_to_f32(tl.load(vo_ptr + (oi.to(tl.int64)[:, None] * svo_l + h * svo_h
-                                               + d[None, :].to(tl.int64) * svo_d), mask=omask, other=0))
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PREC)
+        vraw = tl.load(vo_ptr + (oi.to(tl.int64)[:, None] * svo_l + h * svo_h + d[None, :].to(tl.int64) * svo_d),
+                       mask=omask, other=0)
+        if HW:
+            acc = tl.dot(p.to(tl.bfloat16), vraw.to(tl.bfloat16, bitcast=True), acc * alpha[:, None])
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p, bf16_bits_to_f32(vraw), input_precision=PREC)
         m_i = m_new
 
     if SPLIT:      # partial [split, query, query head]: merged by _chunk_merge_kernel
@@ -176,9 +194,16 @@ def _stored_tile(t0, m_i, l_i, acc, vref, qk, qpage, end_tok, ck, st8, st16k, st
     page = tl.load(ids_ptr + tk // P, mask=valid, other=0).to(tl.int64)
     base = page * page_bytes
     row = tk % P
-    k, kcs = load_kv_tile(st8, st16k, st32, base, row, valid, h, k_data, k_s, k_bs, k_gs,
-                          K_ELEM, K_GRAN, P, D, BLOCK_D, BN, HW, NV_ASM)
-    if K_ELEM == 2 or (K_ELEM == 1 and (K_GRAN == 1 or K_GRAN == 2)):
+    if K_ELEM == 2 and HW:     # the global scale over the tile's largest rides on the block scales
+        kg = load_colscale(st32, base, row, valid, h, k_s, k_gs, K_ELEM, K_GRAN, P, HW)
+        kmax = tl.max(kg, axis=0)
+        kmax = tl.where(kmax > 0, kmax, 1.0)
+        k = load_nvfp4_tile_folded(st8, base, row, valid, h, k_data, k_bs, kg / kmax, P, D, BLOCK_D, BN, NV_ASM)
+        ck = ck * kmax
+    else:
+        k, kcs = load_kv_tile(st8, st16k, st32, base, row, valid, h, k_data, k_s, k_bs, k_gs,
+                              K_ELEM, K_GRAN, P, D, BLOCK_D, BN, HW, NV_ASM)
+    if (K_ELEM == 2 and not HW) or (K_ELEM == 1 and (K_GRAN == 1 or K_GRAN == 2)):
         kmax = tl.max(kcs, axis=0)
         kmax = tl.where(kmax > 0, kmax, 1.0)
         k = (k * (kcs / kmax).to(k.dtype)[:, None]).to(k.dtype)
@@ -191,15 +216,22 @@ def _stored_tile(t0, m_i, l_i, acc, vref, qk, qpage, end_tok, ck, st8, st16k, st
     alpha = tl.math.exp2(m_i - m_new)
     p = tl.math.exp2(s * ck - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    v, vcs = load_kv_tile(st8, st16v, st32, base, row, valid, h, v_data, v_s, v_bs, v_gs,
-                          V_ELEM, V_GRAN, P, D, BLOCK_D, BN, HW, NV_ASM)
+    if V_ELEM == 2 and HW:     # scales first, then the tile with (scale / reference) on its block scales
+        vcs = load_colscale(st32, base, row, valid, h, v_s, v_gs, V_ELEM, V_GRAN, P, HW)
+    else:
+        v, vcs = load_kv_tile(st8, st16v, st32, base, row, valid, h, v_data, v_s, v_bs, v_gs,
+                              V_ELEM, V_GRAN, P, D, BLOCK_D, BN, HW, NV_ASM)
     if V_ELEM == 2 or (V_ELEM == 1 and (V_GRAN == 1 or V_GRAN == 2)):
         vmax = tl.max(vcs, axis=0)
         vmax = tl.where(vmax > 0, vmax, 1.0)
         keep = (vref > 0) & (vmax <= vref * 128.0) & (vmax >= vref * 0.0078125)
         new_ref = tl.where(keep, vref, vmax)
         alpha = alpha * tl.where(vref > 0, vref / new_ref, 0.0)
-        v = (v * (vcs / new_ref).to(v.dtype)[:, None]).to(v.dtype)
+        if V_ELEM == 2 and HW:     # bs (<= 448) x vcs / new_ref (<= 128) stays in fp16
+            v = load_nvfp4_tile_folded(st8, base, row, valid, h, v_data, v_bs, vcs / new_ref, P, D, BLOCK_D, BN,
+                                       NV_ASM)
+        else:
+            v = (v * (vcs / new_ref).to(v.dtype)[:, None]).to(v.dtype)
         vref = new_ref
     if HW:
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PREC)
@@ -272,10 +304,11 @@ def paged_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.T
     dev = storage.device
     g = hq // h
     block_g = pow2(g)
-    rows = rows or (CHUNK_ROWS if hw else 128)
+    tile = default_tile(n, hq, f, dev) if hw else (128, 64, 8, 1)
+    rows = rows or tile[0]
     block_m = queries_per_block(rows, block_g)
     block_d = pow2(d)
-    bn = block_n or (CHUNK_BLOCK_N if hw else 64)
+    bn = block_n or tile[1]
     static = static_arg(f, static_scales, dev)
     kf, vf = f.kv.key, f.kv.value
     st32 = storage.view(torch.float32)
@@ -308,7 +341,7 @@ def paged_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.T
         H=h, G=g, BLOCK_G=block_g, BLOCK_M=block_m, P=f.page_size, D=d, BLOCK_D=block_d, BN=bn,
         K_ELEM=elem_code(kf), K_GRAN=gran_code(kf), V_ELEM=elem_code(vf), V_GRAN=gran_code(vf),
         HW=hw, NV_ASM=nvfp4_asm, SPLIT=split, PREC="tf32" if hw else "ieee",
-        num_warps=num_warps or CHUNK_WARPS, num_stages=num_stages or (CHUNK_STAGES if hw else 1),
+        num_warps=num_warps or tile[2], num_stages=num_stages or tile[3],
     )
     if split:
         rows_per_program = 16 if hw else 64
@@ -330,10 +363,23 @@ def default_splits(programs: int, stored_tokens: int, device: torch.device) -> i
     return max(1, min(num_sms(device) // max(1, programs), stored_tokens // MIN_SPLIT_TOKENS))
 
 
+def default_tile(num_queries: int, num_q_heads: int, page_format: PageFormat,
+                 device: torch.device) -> tuple[int, int, int, int]:
+    """(rows, keys per tile, warps, stages) on the GPU: COMPACT_TILE for FP8/NVFP4 keys and values
+    when its programs cover every SM, else CHUNK_TILE."""
+    kv = page_format.kv
+    if ElementType.BF16 in (kv.key.element, kv.value.element) or device.type != "cuda":
+        return CHUNK_TILE
+    block_m = queries_per_block(COMPACT_TILE[0], pow2(num_q_heads // page_format.num_kv_heads))
+    programs = triton.cdiv(num_queries, block_m) * page_format.num_kv_heads
+    return COMPACT_TILE if programs >= num_sms(device) else CHUNK_TILE
+
+
 def planned_splits(num_queries: int, num_q_heads: int, page_format: PageFormat, stored_pages: int,
                    device: torch.device, rows: int | None = None) -> int:
     """The split count ``paged_chunk_attention`` picks by default for such a call."""
-    block_m = queries_per_block(rows or CHUNK_ROWS, pow2(num_q_heads // page_format.num_kv_heads))
+    rows = rows or default_tile(num_queries, num_q_heads, page_format, device)[0]
+    block_m = queries_per_block(rows, pow2(num_q_heads // page_format.num_kv_heads))
     programs = triton.cdiv(num_queries, block_m) * page_format.num_kv_heads
     return default_splits(programs, stored_pages * page_format.page_size, device)
 

@@ -19,10 +19,9 @@ if [ -z "${SKIP_SWEEP:-}" ]; then
 python3 - "$FORMATS" "$PREFIXES" "$CHUNKS" <<'PY' 2>&1 | tee "$OUT/chunk_sweep.txt"
 import os, sys, torch
 from kvwire.bench.attention import time_graph
-from kvwire.bench.chunk import _tokens, causal_flops
+from kvwire.bench.chunk import _tokens, causal_flops, stored_pages
 from kvwire.formats import KVFormat, PageFormat
 from kvwire.kernels.chunk_attention import paged_chunk_attention, planned_splits
-from kvwire.kernels.quantize import write_pages
 TILES = [tuple(int(x) for x in t.split('x')) for t in os.environ.get('TILES', '64x32x4x2 128x64x8x2 128x128x8x2').split()]
 dev, hq, h, d, p = torch.device("cuda"), 32, 8, 128, 16
 gen = torch.Generator(device=dev).manual_seed(0)
@@ -35,11 +34,7 @@ for prefix, n in [(_tokens(a), int(c)) for a in sys.argv[2].split(",") for c in 
     for name in sys.argv[1].split(","):
         f = PageFormat(KVFormat.parse(name), p, 1, h, d)
         npg = total // p
-        st = torch.empty((npg, f.page_bytes), dtype=torch.uint8, device=dev)
-        ids = torch.randperm(npg, device=dev, generator=gen)
-        static = torch.full((1, 2, h), 0.01, device=dev)
-        for part in (0, 1):
-            write_pages(st, f, 0, part, ids, kv[part].view(npg, p, h, d), static[0, part], check_finite=False)
+        st, ids, static = stored_pages(f, kv[0], kv[1], gen)
         out = torch.empty_like(q)
         for rows, bn, w, stg in TILES:
             base = planned_splits(n, hq, f, npg, dev, rows=rows)

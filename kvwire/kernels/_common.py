@@ -358,6 +358,16 @@ def _nvfp4_hw_tile(u8, bsf, BLOCK_D: tl.constexpr, BN: tl.constexpr, NV_ASM: tl.
 
 
 @triton.jit
+def load_fp8_codes(st8, base, row, valid, h, data_off, P: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    """E4M3 elements [BN, BLOCK_D] of BN tokens' rows (0 for invalid tokens), as stored, in the
+    element type of ``st8`` (a float8e4nv view keeps them loadable straight into a dot operand)."""
+    hp = (h * P + row).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    m = valid[:, None] & (d < D)[None, :] if BLOCK_D != D else valid[:, None]
+    return tl.load(st8 + ((base + data_off + hp * D)[:, None] + d[None, :]), mask=m)
+
+
+@triton.jit
 def load_nvfp4_tile_folded(st8, base, row, valid, h, data_off, bs_off, fold, P: tl.constexpr, D: tl.constexpr,
                            BLOCK_D: tl.constexpr, BN: tl.constexpr, NV_ASM: tl.constexpr):
     """NVFP4 tile [BN, BLOCK_D] in fp16 (GPU only) whose token t holds its codes x block scales x

@@ -8,8 +8,10 @@ run compute the same thing.
 
 One program per (block of queries, KV head, split): the rows of its tiles are (query, head of the
 GQA group) pairs, so each page is read once per block for the whole group. It streams the stored
-pages the block can see (dequantised in registers, like the decode kernel) and then the open
-tokens of the block's pages, with an fp32 online softmax.
+pages the block can see and then the open tokens of the block's pages, with an fp32 online
+softmax. On the GPU, FP8 keys go to FP8 tensor cores as stored (q as two E4M3 halves, hi + lo);
+NVFP4 keys and all compact values are dequantised to fp16 tiles in registers, like the decode
+kernel; the open tokens are bf16 dots.
 
 Split-KV, as in decode: a short chunk makes only (queries / block) x KV heads programs, fewer
 than the GPU has SMs (64 queries: 16 programs on 132 SMs), and each would stream the whole prefix
@@ -30,7 +32,7 @@ from kvwire.attention import attend_paged_reference
 from kvwire.formats import ElementType, PageFormat
 from kvwire.kernels._common import (
     bf16_bits_to_f32, check_storage, elem_code, gran_code, interpreting, load_colscale, load_kv_tile,
-    load_nvfp4_tile_folded, num_sms, part_offsets, pow2, read_pages_reference, static_arg, use_triton,
+    load_fp8_codes, load_nvfp4_tile_folded, num_sms, part_offsets, pow2, read_pages_reference, static_arg, use_triton,
 )
 
 LOG2E = 1.4426950408889634
@@ -59,7 +61,7 @@ MIN_SPLIT_TOKENS = 1024
 @triton.jit
 def _chunk_kernel(
     q_ptr, sq_n, sq_h, sq_d, qpos_ptr, n_q,
-    st8, st16k, st16v, st32, ids_ptr, n_pages, static_ptr,
+    st8, stf8, st16k, st16v, st32, ids_ptr, n_pages, static_ptr,
     ko_ptr, sko_l, sko_h, sko_d, vo_ptr, svo_l, svo_h, svo_d, n_open, open_start,
     out_ptr, so_n, so_h, so_d,
     part_acc_ptr, part_m_ptr, part_l_ptr, num_splits, split_tokens,
@@ -68,7 +70,8 @@ def _chunk_kernel(
     H: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_M: tl.constexpr,
     P: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BN: tl.constexpr,
     K_ELEM: tl.constexpr, K_GRAN: tl.constexpr, V_ELEM: tl.constexpr, V_GRAN: tl.constexpr,
-    HW: tl.constexpr, NV_ASM: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr = "tf32",
+    HW: tl.constexpr, NV_ASM: tl.constexpr, SPLIT: tl.constexpr, FP8_DOT: tl.constexpr,
+    PREC: tl.constexpr = "tf32",
 ):
     R: tl.constexpr = BLOCK_M * BLOCK_G
     pid_m = tl.program_id(0)
@@ -91,9 +94,19 @@ def _chunk_kernel(
     ck = qk_scale
     if K_GRAN == 3:            # > 0: it multiplies -inf scores inside the exponent's FMA
         ck = tl.maximum(ck * tl.load(static_ptr + (layer * 2 + 0) * H + h), 1.0e-30)
+    qlo = q
     if HW:
         if K_ELEM == 0:
             qk = q.to(tl.bfloat16)
+        elif K_ELEM == 1 and FP8_DOT:
+            # FP8 keys go to the tensor cores as stored; q as two E4M3 halves (hi + lo, ~2^-8 relative),
+            # scaled by one factor per block into E4M3 range (|q a| < 256; 1/a rides in ck)
+            amax = tl.maximum(tl.max(tl.max(tl.abs(q), axis=1), axis=0), 1.0e-30)
+            a = tl.math.exp2(7.0 - tl.floor(tl.math.log2(amax)))
+            qa = q * a
+            qk = qa.to(tl.float8e4nv)
+            qlo = (qa - qk.to(tl.float32)).to(tl.float8e4nv)
+            ck = ck / a
         else:
             qk = q.to(tl.float16)
     else:
@@ -115,14 +128,14 @@ def _chunk_kernel(
     full_end = (t_lo + (tl.maximum(tl.minimum(min_page * P, end_tok) - t_lo, 0) // BN) * BN).to(tl.int32)
     for t0 in range(t_lo, full_end, BN):
         m_i, l_i, acc, vref = _stored_tile(
-            t0, m_i, l_i, acc, vref, qk, qpage, end_tok, ck, st8, st16k, st16v, st32, ids_ptr, page_bytes, h,
+            t0, m_i, l_i, acc, vref, qk, qlo, qpage, end_tok, ck, st8, stf8, st16k, st16v, st32, ids_ptr, page_bytes, h,
             k_data, k_s, k_bs, k_gs, v_data, v_s, v_bs, v_gs,
-            K_ELEM, K_GRAN, V_ELEM, V_GRAN, P, D, BLOCK_D, BN, HW, NV_ASM, PREC, False)
+            K_ELEM, K_GRAN, V_ELEM, V_GRAN, P, D, BLOCK_D, BN, HW, NV_ASM, FP8_DOT, PREC, False)
     for t0 in range(full_end, end_tok, BN):
         m_i, l_i, acc, vref = _stored_tile(
-            t0, m_i, l_i, acc, vref, qk, qpage, end_tok, ck, st8, st16k, st16v, st32, ids_ptr, page_bytes, h,
+            t0, m_i, l_i, acc, vref, qk, qlo, qpage, end_tok, ck, st8, stf8, st16k, st16v, st32, ids_ptr, page_bytes, h,
             k_data, k_s, k_bs, k_gs, v_data, v_s, v_bs, v_gs,
-            K_ELEM, K_GRAN, V_ELEM, V_GRAN, P, D, BLOCK_D, BN, HW, NV_ASM, PREC, True)
+            K_ELEM, K_GRAN, V_ELEM, V_GRAN, P, D, BLOCK_D, BN, HW, NV_ASM, FP8_DOT, PREC, True)
     if V_ELEM == 2 or (V_ELEM == 1 and (V_GRAN == 1 or V_GRAN == 2)):
         acc = acc * vref       # from units of the running value reference to real ones
     if V_GRAN == 3:            # static value scale: once, before the (unscaled) open tokens join
@@ -174,11 +187,11 @@ def _chunk_kernel(
 
 
 @triton.jit
-def _stored_tile(t0, m_i, l_i, acc, vref, qk, qpage, end_tok, ck, st8, st16k, st16v, st32, ids_ptr, page_bytes, h,
-                 k_data, k_s, k_bs, k_gs, v_data, v_s, v_bs, v_gs,
+def _stored_tile(t0, m_i, l_i, acc, vref, qk, qlo, qpage, end_tok, ck, st8, stf8, st16k, st16v, st32, ids_ptr, page_bytes,
+                 h, k_data, k_s, k_bs, k_gs, v_data, v_s, v_bs, v_gs,
                  K_ELEM: tl.constexpr, K_GRAN: tl.constexpr, V_ELEM: tl.constexpr, V_GRAN: tl.constexpr,
                  P: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BN: tl.constexpr, HW: tl.constexpr,
-                 NV_ASM: tl.constexpr, PREC: tl.constexpr, MASKED: tl.constexpr):
+                 NV_ASM: tl.constexpr, FP8_DOT: tl.constexpr, PREC: tl.constexpr, MASKED: tl.constexpr):
     """One tile of BN stored tokens from t0 into the online softmax (m_i, l_i, acc; log2 units).
 
     Per score element the work is kept to what FlashAttention does: the softmax scale rides in the
@@ -194,7 +207,13 @@ def _stored_tile(t0, m_i, l_i, acc, vref, qk, qpage, end_tok, ck, st8, st16k, st
     page = tl.load(ids_ptr + tk // P, mask=valid, other=0).to(tl.int64)
     base = page * page_bytes
     row = tk % P
-    if K_ELEM == 2 and HW:     # the global scale over the tile's largest rides on the block scales
+    if K_ELEM == 1 and HW and FP8_DOT:     # E4M3 bytes straight to the tensor cores (q = qk + qlo)
+        k8 = load_fp8_codes(stf8, base, row, valid, h, k_data, P, D, BLOCK_D)
+        k8t = tl.trans(k8)
+        s = tl.dot(qlo, k8t, tl.dot(qk, k8t))
+        if K_GRAN == 1 or K_GRAN == 2:     # per-token key scales on the score columns
+            s = s * load_colscale(st32, base, row, valid, h, k_s, k_gs, K_ELEM, K_GRAN, P, HW)[None, :]
+    elif K_ELEM == 2 and HW:     # the global scale over the tile's largest rides on the block scales
         kg = load_colscale(st32, base, row, valid, h, k_s, k_gs, K_ELEM, K_GRAN, P, HW)
         kmax = tl.max(kg, axis=0)
         kmax = tl.where(kmax > 0, kmax, 1.0)
@@ -203,12 +222,13 @@ def _stored_tile(t0, m_i, l_i, acc, vref, qk, qpage, end_tok, ck, st8, st16k, st
     else:
         k, kcs = load_kv_tile(st8, st16k, st32, base, row, valid, h, k_data, k_s, k_bs, k_gs,
                               K_ELEM, K_GRAN, P, D, BLOCK_D, BN, HW, NV_ASM)
-    if (K_ELEM == 2 and not HW) or (K_ELEM == 1 and (K_GRAN == 1 or K_GRAN == 2)):
+    if (K_ELEM == 2 and not HW) or (K_ELEM == 1 and (K_GRAN == 1 or K_GRAN == 2) and not (HW and FP8_DOT)):
         kmax = tl.max(kcs, axis=0)
         kmax = tl.where(kmax > 0, kmax, 1.0)
         k = (k * (kcs / kmax).to(k.dtype)[:, None]).to(k.dtype)
         ck = ck * kmax
-    s = tl.dot(qk, tl.trans(k), input_precision=PREC)
+    if not (K_ELEM == 1 and HW and FP8_DOT):
+        s = tl.dot(qk, tl.trans(k), input_precision=PREC)
     if MASKED:
         vis = valid[None, :] & ((tk // P).to(tl.int64)[None, :] < qpage[:, None])
         s = tl.where(vis, s, float("-inf"))
@@ -272,14 +292,14 @@ def paged_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.T
                           out: torch.Tensor | None = None, *, block_n: int | None = None, rows: int | None = None,
                           num_warps: int | None = None, num_stages: int | None = None,
                           num_splits: int | None = None,
-                          nvfp4_asm: bool = True, _hw: bool | None = None) -> torch.Tensor:
+                          nvfp4_asm: bool = True, fp8_dot: bool = True, _hw: bool | None = None) -> torch.Tensor:
     """Attention of one sequence's queries ``q`` [N, Hq, D] at positions ``q_pos`` [N].
 
     page_ids [Np]: the sequence's stored pages (positions 0 .. Np*P-1) in ``storage``;
     k_open/v_open [Lo, H, D] bf16 at positions ``open_start ..`` (a multiple of P; each query's
     own position must lie in it); static_scales [L, 2, H] for fp8 tensor/head formats.
     num_splits: ranges the stored pages are split into (None: ``default_splits``; 1: one pass,
-    no partials). Returns [N, Hq, D] in q's dtype, as ``attend_paged_reference`` over the decoded
+    no partials). fp8_dot: FP8 keys on E4M3 tensor cores (GPU; False: dequantised to fp16 first). Returns [N, Hq, D] in q's dtype, as ``attend_paged_reference`` over the decoded
     pages.
     """
     f = page_format
@@ -312,6 +332,7 @@ def paged_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.T
     static = static_arg(f, static_scales, dev)
     kf, vf = f.kv.key, f.kv.value
     st32 = storage.view(torch.float32)
+    stf8 = storage.view(torch.float8_e4m3fn) if hw else storage      # the FP8 key bytes as E4M3 (GPU path only)
     st16 = storage.view(torch.bfloat16) if hw else storage.view(torch.int16)
     ko = k_open.to(torch.bfloat16).view(torch.int16)
     vo = v_open.to(torch.bfloat16).view(torch.int16)
@@ -333,14 +354,14 @@ def paged_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.T
     else:
         part_acc = part_m = part_l = out                # not touched
     _chunk_kernel[(m_blocks, h, parts)](
-        q, *q.stride(), qpos, n, storage, st16, st16, st32, ids, ids.numel(), static,
+        q, *q.stride(), qpos, n, storage, stf8, st16, st16, st32, ids, ids.numel(), static,
         ko, *ko.stride(), vo, *vo.stride(), ko.shape[0], open_start,
         out, *out.stride(), part_acc, part_m, part_l, splits, split_tokens,
         f.page_bytes, layer, LOG2E / math.sqrt(d),
         *part_offsets(f, layer, 0), *part_offsets(f, layer, 1),
         H=h, G=g, BLOCK_G=block_g, BLOCK_M=block_m, P=f.page_size, D=d, BLOCK_D=block_d, BN=bn,
         K_ELEM=elem_code(kf), K_GRAN=gran_code(kf), V_ELEM=elem_code(vf), V_GRAN=gran_code(vf),
-        HW=hw, NV_ASM=nvfp4_asm, SPLIT=split, PREC="tf32" if hw else "ieee",
+        HW=hw, NV_ASM=nvfp4_asm, SPLIT=split, FP8_DOT=fp8_dot and kf.element is ElementType.FP8, PREC="tf32" if hw else "ieee",
         num_warps=num_warps or tile[2], num_stages=num_stages or tile[3],
     )
     if split:

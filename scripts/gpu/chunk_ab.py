@@ -3,7 +3,8 @@
 Usage (GPU machine, repo root): PYTHONPATH=$PWD python3 scripts/gpu/chunk_ab.py OLD_MODULE [FORMATS] [PREFIXES] [CHUNKS]
 OLD_MODULE is an importable copy of the other revision's chunk_attention.py (e.g. written by
 `git show REV:kvwire/kernels/chunk_attention.py > kvwire/kernels/chunk_attention_old.py`). Also
-times tile shapes of the new kernel given by TILES="ROWSxBNxWARPSxSTAGES ..." (default: none).
+times tile shapes of the new kernel given by TILES="ROWSxBNxWARPSxSTAGES ..." and launch options
+given by KWARGS="key=int[,key=int] ..." (e.g. "fp8_dot=0"; default: none of either).
 """
 import importlib
 import os
@@ -21,6 +22,7 @@ formats = (sys.argv[2] if len(sys.argv) > 2 else "bf16,fp8-tensor,fp8-token,nvfp
 prefixes = [_tokens(a) for a in (sys.argv[3] if len(sys.argv) > 3 else "32k").split(",")]
 chunks = [int(c) for c in (sys.argv[4] if len(sys.argv) > 4 else "512,64").split(",")]
 tiles = [tuple(int(x) for x in t.split("x")) for t in os.environ.get("TILES", "").split()]
+kwargs = [{k: int(v) for k, v in (kv.split("=") for kv in item.split(","))} for item in os.environ.get("KWARGS", "").split()]
 dev, hq, h, d, p = torch.device("cuda"), 32, 8, 128, 16
 gen = torch.Generator(device=dev).manual_seed(0)
 for prefix in prefixes:
@@ -38,6 +40,8 @@ for prefix in prefixes:
             variants = [("old", old.paged_chunk_attention, {}), ("new", new.paged_chunk_attention, {})]
             variants += [(f"new {r}x{bn}x{w}x{s}", new.paged_chunk_attention,
                           {"rows": r, "block_n": bn, "num_warps": w, "num_stages": s}) for r, bn, w, s in tiles]
+            variants += [("new " + ",".join(f"{k}={v}" for k, v in kw.items()), new.paged_chunk_attention, kw)
+                         for kw in kwargs]
             res = {}
             for rnd in range(2):
                 for label, fn, kw in variants:

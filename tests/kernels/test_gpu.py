@@ -150,6 +150,7 @@ def test_decode_page_ids_past_65536_and_offsets_past_2_31():
 
 CHUNK_TILES = {"default": {}, "64x32x4": {"rows": 64, "block_n": 32, "num_warps": 4, "num_stages": 2},
                "128x128x8": {"rows": 128, "block_n": 128, "num_warps": 8, "num_stages": 2},
+               "fp16-keys": {"fp8_dot": False},
                "128x64x8s3": {"rows": 128, "block_n": 64, "num_warps": 8, "num_stages": 3}}
 
 

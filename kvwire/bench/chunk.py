@@ -99,7 +99,7 @@ def run(args) -> dict:
             call(splits, out)
             ref = paged_chunk_reference(q, pos, storage, f, 0, ids, ko, vo, prefix, static)
             err = float((out.double() - ref.double()).norm() / ref.double().norm())
-            tile = "x".join(map(str, default_tile(n, hq, f, dev)))       # rows x keys x warps x stages
+            tile = "x".join(map(str, default_tile(f, dev)))       # rows x keys x warps x stages
             row = {"format": name, "prefix": prefix, "chunk": n, "splits": splits, "tile": tile,
                    "ms": split_ms, "one_pass_ms": one_ms, "sdpa_ms": sdpa_ms,
                    "sdpa_causal_ms": sdpa["causal"], "sdpa_no_mask_ms": sdpa["no_mask"],

@@ -38,21 +38,22 @@ from kvwire.kernels._common import (
 LOG2E = 1.4426950408889634
 # Tiles on the GPU: (rows = queries x GQA group, keys per tile, warps, stages). H200 (docs/benchmarks.md,
 # "Chunk attention"):
-# - CHUNK_TILE: bf16 pages, and any chunk too short to give every SM a COMPACT_TILE program (those
-#   then split the prefix). 128 x 128 x 8 warps was the fastest of 8 shapes at 8k/32k prefixes and
-#   64/512-query chunks on 2026-12-04 (32k + 512 nvfp4 1.50 ms against 2.76 for 64 x 32 x 4).
-# - COMPACT_TILE: FP8/NVFP4 keys and values with a grid of at least one program per SM. Each program
-#   holds 255 registers (the wgmma accumulators), so a 256-thread program leaves an SM one program;
-#   a 128-thread one fits twice, and two independent programs overlap one's softmax and dequantisation
-#   with the other's MMAs. That needs shared memory for two, which compact tiles have since the open
-#   tokens moved from fp32 to bf16 operands (nvfp4 151 -> 69 KB). 32k + 512: nvfp4 1.43 -> 1.15-1.20 ms,
-#   fp8-token/nvfp4 1.43 -> 1.07-1.09, fp8-token 1.34 -> 1.17, fp8-tensor 1.01 -> 0.90 (bf16 pages
-#   need 148 KB there and lose: 0.78 -> 1.15). For 64-query chunks it is 35-40% slower than CHUNK_TILE.
+# - CHUNK_TILE, for bf16 pages: 128 x 128 x 8 warps was the fastest of 8 shapes at 8k/32k prefixes
+#   and 64/512-query chunks on 2026-12-04 (32k + 512 nvfp4 1.50 ms against 2.76 for 64 x 32 x 4).
+# - COMPACT_TILE, for FP8/NVFP4 keys and values. Each program holds 255 registers (the wgmma
+#   accumulators), so a 256-thread program leaves an SM one program; a 128-thread one fits twice
+#   (COMPACT_PER_SM), and two independent programs overlap one's softmax and dequantisation with the
+#   other's MMAs. That needs shared memory for two, which compact tiles have since the open tokens
+#   moved from fp32 to bf16 operands (nvfp4 151 -> 69 KB). 32k + 512: nvfp4 1.43 -> 1.15-1.20 ms,
+#   fp8-token/nvfp4 1.43 -> 1.07-1.09, fp8-token 1.34 -> 1.17, fp8-tensor 1.01 -> 0.90; 32k + 64
+#   (8 splits both): 15-22% faster than CHUNK_TILE except fp8-tensor (7%). bf16 pages need 148 KB
+#   there and lose (0.78 -> 1.15 ms).
 CHUNK_TILE = (128, 128, 8, 2)
 COMPACT_TILE = (64, 128, 4, 2)
+COMPACT_PER_SM = 2
 # Splits of the stored prefix: only where the (query block, KV head) programs leave SMs idle (a
-# short chunk after a long prefix, e.g. a question after a cached document), up to one program
-# per SM, each split at least MIN_SPLIT_TOKENS long. A program is compute-bound, so splitting a
+# short chunk after a long prefix, e.g. a question after a cached document), up to the programs an
+# SM holds, each split at least MIN_SPLIT_TOKENS long. A program is compute-bound, so splitting a
 # grid that already fills the GPU only adds the partials' write and merge (H200, 512-token chunk:
 # 3-20% slower, docs/benchmarks.md).
 MIN_SPLIT_TOKENS = 1024
@@ -299,8 +300,8 @@ def paged_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.T
     k_open/v_open [Lo, H, D] bf16 at positions ``open_start ..`` (a multiple of P; each query's
     own position must lie in it); static_scales [L, 2, H] for fp8 tensor/head formats.
     num_splits: ranges the stored pages are split into (None: ``default_splits``; 1: one pass,
-    no partials). fp8_dot: FP8 keys on E4M3 tensor cores (GPU; False: dequantised to fp16 first). Returns [N, Hq, D] in q's dtype, as ``attend_paged_reference`` over the decoded
-    pages.
+    no partials). fp8_dot: FP8 keys on E4M3 tensor cores (GPU; False: dequantised to fp16 first).
+    Returns [N, Hq, D] in q's dtype, as ``attend_paged_reference`` over the decoded pages.
     """
     f = page_format
     check_storage(storage, f)
@@ -324,11 +325,12 @@ def paged_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.T
     dev = storage.device
     g = hq // h
     block_g = pow2(g)
-    tile = default_tile(n, hq, f, dev) if hw else (128, 64, 8, 1)
-    rows = rows or tile[0]
+    tile = default_tile(f, dev) if hw else (128, 64, 8, 1)
+    if rows is not None or block_n is not None or num_warps is not None or num_stages is not None:
+        tile = (rows or tile[0], block_n or tile[1], num_warps or tile[2], num_stages or tile[3])
+    rows, bn, warps, stages = tile
     block_m = queries_per_block(rows, block_g)
     block_d = pow2(d)
-    bn = block_n or tile[1]
     static = static_arg(f, static_scales, dev)
     kf, vf = f.kv.key, f.kv.value
     st32 = storage.view(torch.float32)
@@ -340,7 +342,7 @@ def paged_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.T
     qpos = q_pos.to(device=dev, dtype=torch.int64)
     m_blocks = triton.cdiv(n, block_m)
     stored = ids.numel() * f.page_size
-    splits = planned_splits(n, hq, f, ids.numel(), dev, rows) if num_splits is None else int(num_splits)
+    splits = planned_splits(n, hq, f, ids.numel(), dev, tile) if num_splits is None else int(num_splits)
     if splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {splits}")
     split = splits > 1
@@ -362,7 +364,7 @@ def paged_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.T
         H=h, G=g, BLOCK_G=block_g, BLOCK_M=block_m, P=f.page_size, D=d, BLOCK_D=block_d, BN=bn,
         K_ELEM=elem_code(kf), K_GRAN=gran_code(kf), V_ELEM=elem_code(vf), V_GRAN=gran_code(vf),
         HW=hw, NV_ASM=nvfp4_asm, SPLIT=split, FP8_DOT=fp8_dot and kf.element is ElementType.FP8, PREC="tf32" if hw else "ieee",
-        num_warps=num_warps or tile[2], num_stages=num_stages or tile[3],
+        num_warps=warps, num_stages=stages,
     )
     if split:
         rows_per_program = 16 if hw else 64
@@ -377,32 +379,32 @@ def queries_per_block(rows: int, block_g: int) -> int:
     return max(1, rows // block_g, 16 // block_g)
 
 
-def default_splits(programs: int, stored_tokens: int, device: torch.device) -> int:
-    """Splits of the stored prefix: as many as keep programs <= SMs, each >= MIN_SPLIT_TOKENS long."""
+def default_splits(programs: int, stored_tokens: int, device: torch.device, per_sm: int = 1) -> int:
+    """Splits of the stored prefix: as many as keep programs <= ``per_sm`` x SMs, each at least
+    MIN_SPLIT_TOKENS long."""
     if device.type != "cuda" or interpreting():
         return 1
-    return max(1, min(num_sms(device) // max(1, programs), stored_tokens // MIN_SPLIT_TOKENS))
+    return max(1, min(per_sm * num_sms(device) // max(1, programs), stored_tokens // MIN_SPLIT_TOKENS))
 
 
-def default_tile(num_queries: int, num_q_heads: int, page_format: PageFormat,
-                 device: torch.device) -> tuple[int, int, int, int]:
-    """(rows, keys per tile, warps, stages) on the GPU: COMPACT_TILE for FP8/NVFP4 keys and values
-    when its programs cover every SM, else CHUNK_TILE."""
+def default_tile(page_format: PageFormat, device: torch.device) -> tuple[int, int, int, int]:
+    """(rows, keys per tile, warps, stages) on the GPU: COMPACT_TILE for FP8/NVFP4 keys and values,
+    CHUNK_TILE otherwise."""
     kv = page_format.kv
     if ElementType.BF16 in (kv.key.element, kv.value.element) or device.type != "cuda":
         return CHUNK_TILE
-    block_m = queries_per_block(COMPACT_TILE[0], pow2(num_q_heads // page_format.num_kv_heads))
-    programs = triton.cdiv(num_queries, block_m) * page_format.num_kv_heads
-    return COMPACT_TILE if programs >= num_sms(device) else CHUNK_TILE
+    return COMPACT_TILE
 
 
 def planned_splits(num_queries: int, num_q_heads: int, page_format: PageFormat, stored_pages: int,
-                   device: torch.device, rows: int | None = None) -> int:
-    """The split count ``paged_chunk_attention`` picks by default for such a call."""
-    rows = rows or default_tile(num_queries, num_q_heads, page_format, device)[0]
-    block_m = queries_per_block(rows, pow2(num_q_heads // page_format.num_kv_heads))
+                   device: torch.device, tile: tuple[int, int, int, int] | None = None) -> int:
+    """The split count ``paged_chunk_attention`` picks by default for such a call (``tile``: the
+    one it runs, default ``default_tile``)."""
+    tile = tile or default_tile(page_format, device)
+    block_m = queries_per_block(tile[0], pow2(num_q_heads // page_format.num_kv_heads))
     programs = triton.cdiv(num_queries, block_m) * page_format.num_kv_heads
-    return default_splits(programs, stored_pages * page_format.page_size, device)
+    per_sm = COMPACT_PER_SM if tile == COMPACT_TILE else 1
+    return default_splits(programs, stored_pages * page_format.page_size, device, per_sm)
 
 
 # ---- torch reference -----------------------------------------------------------------------------

@@ -37,7 +37,7 @@ for prefix, n in [(_tokens(a), int(c)) for a in sys.argv[2].split(",") for c in 
         st, ids, static = stored_pages(f, kv[0], kv[1], gen)
         out = torch.empty_like(q)
         for rows, bn, w, stg in TILES:
-            base = planned_splits(n, hq, f, npg, dev, rows=rows)
+            base = planned_splits(n, hq, f, npg, dev, (rows, bn, w, stg))
             res = []
             for s in sorted({1, 2, base, 2 * base}):
                 try:

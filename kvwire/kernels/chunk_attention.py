@@ -31,9 +31,10 @@ import triton.language as tl
 from kvwire.attention import attend_paged_reference
 from kvwire.formats import ElementType, PageFormat
 from kvwire.kernels._common import (
-    bf16_bits_to_f32, check_storage, elem_code, gran_code, interpreting, load_colscale, load_kv_tile,
-    load_fp8_codes, load_nvfp4_tile_folded, num_sms, part_offsets, pow2, read_pages_reference, static_arg, use_triton,
+    bf16_bits_to_f32, check_storage, elem_code, gran_code, interpreting, num_sms, part_offsets, pow2,
+    read_pages_reference, static_arg, use_triton,
 )
+from kvwire.kernels.tile_loads import load_colscale, load_fp8_codes, load_kv_tile, load_nvfp4_tile_folded
 
 LOG2E = 1.4426950408889634
 # Tiles on the GPU: (rows = queries x GQA group, keys per tile, warps, stages). H200 (docs/benchmarks.md,

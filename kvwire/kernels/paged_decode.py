@@ -37,13 +37,12 @@ from triton.language.extra.cuda import gdc_wait
 from kvwire.attention import attend_paged_reference
 from kvwire.formats import ElementType, PageFormat
 from kvwire.kernels._common import (
-    bf16_bits_to_f32, check_storage, elem_code, gran_code, interpreting, load_kv_tile,
-    load_nvfp4_ab,
-    nvfp4_perm, num_sms, part_offsets,
+    bf16_bits_to_f32, check_storage, elem_code, gran_code, interpreting, num_sms, part_offsets,
     pow2, read_pages_reference, static_arg, use_triton,
 )
 from kvwire.kernels import paged_decode_cuda
 from kvwire.kernels.paged_decode_packed import _decode_split_packed_kernel, heads_per_program
+from kvwire.kernels.tile_loads import load_kv_tile, load_nvfp4_ab, nvfp4_perm
 
 LOG2E = 1.4426950408889634
 

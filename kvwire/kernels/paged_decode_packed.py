@@ -10,9 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kvwire.kernels._common import (
-    load_colscale, load_kv_tile, load_nvfp4_ab, nvfp4_perm,
-)
+from kvwire.kernels.tile_loads import load_colscale, load_kv_tile, load_nvfp4_ab, nvfp4_perm
 
 LOG2E = 1.4426950408889634
 

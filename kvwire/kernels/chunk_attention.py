@@ -189,8 +189,8 @@ def _chunk_kernel(
 
 
 @triton.jit
-def _stored_tile(t0, m_i, l_i, acc, vref, qk, qlo, qpage, end_tok, ck, st8, stf8, st16k, st16v, st32, ids_ptr, page_bytes,
-                 h, k_data, k_s, k_bs, k_gs, v_data, v_s, v_bs, v_gs,
+def _stored_tile(t0, m_i, l_i, acc, vref, qk, qlo, qpage, end_tok, ck, st8, stf8, st16k, st16v, st32, ids_ptr,
+                 page_bytes, h, k_data, k_s, k_bs, k_gs, v_data, v_s, v_bs, v_gs,
                  K_ELEM: tl.constexpr, K_GRAN: tl.constexpr, V_ELEM: tl.constexpr, V_GRAN: tl.constexpr,
                  P: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BN: tl.constexpr, HW: tl.constexpr,
                  NV_ASM: tl.constexpr, FP8_DOT: tl.constexpr, PREC: tl.constexpr, MASKED: tl.constexpr):
@@ -301,7 +301,7 @@ def paged_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.T
     k_open/v_open [Lo, H, D] bf16 at positions ``open_start ..`` (a multiple of P; each query's
     own position must lie in it); static_scales [L, 2, H] for fp8 tensor/head formats.
     num_splits: ranges the stored pages are split into (None: ``default_splits``; 1: one pass,
-    no partials). fp8_dot: FP8 keys on E4M3 tensor cores (GPU; False: dequantised to fp16 first).
+    no partials). fp8_dot: FP8 keys on E4M3 tensor cores (sm_89+; False: dequantised to fp16 first).
     Returns [N, Hq, D] in q's dtype, as ``attend_paged_reference`` over the decoded pages.
     """
     f = page_format
@@ -350,6 +350,7 @@ def paged_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.T
     # every split's range a whole number of key tiles, the ranges covering the stored prefix
     split_tokens = triton.cdiv(triton.cdiv(max(stored, 1), splits), bn) * bn
     parts = splits + 1 if split else 1                  # split S: the open tokens
+    fp8_keys = fp8_dot and kf.element is ElementType.FP8 and fp8_tensor_cores(dev)
     if split:
         part_acc = torch.empty((parts, n, hq, d), dtype=torch.float32, device=dev)
         part_m = torch.empty((parts, n, hq), dtype=torch.float32, device=dev)
@@ -364,7 +365,7 @@ def paged_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.T
         *part_offsets(f, layer, 0), *part_offsets(f, layer, 1),
         H=h, G=g, BLOCK_G=block_g, BLOCK_M=block_m, P=f.page_size, D=d, BLOCK_D=block_d, BN=bn,
         K_ELEM=elem_code(kf), K_GRAN=gran_code(kf), V_ELEM=elem_code(vf), V_GRAN=gran_code(vf),
-        HW=hw, NV_ASM=nvfp4_asm, SPLIT=split, FP8_DOT=fp8_dot and kf.element is ElementType.FP8, PREC="tf32" if hw else "ieee",
+        HW=hw, NV_ASM=nvfp4_asm, SPLIT=split, FP8_DOT=fp8_keys, PREC="tf32" if hw else "ieee",
         num_warps=warps, num_stages=stages,
     )
     if split:
@@ -373,6 +374,11 @@ def paged_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.T
             part_acc, part_m, part_l, out, *out.stride(), n * hq, parts,
             HQ=hq, D=d, BLOCK_D=block_d, ROWS=rows_per_program, num_warps=4)
     return out
+
+
+def fp8_tensor_cores(device: torch.device) -> bool:
+    """Whether Triton can run E4M3 x E4M3 dots here (sm_89+: Ada's mma, Hopper's wgmma)."""
+    return device.type == "cuda" and not interpreting() and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
 def queries_per_block(rows: int, block_g: int) -> int:

@@ -22,7 +22,8 @@ formats = (sys.argv[2] if len(sys.argv) > 2 else "bf16,fp8-tensor,fp8-token,nvfp
 prefixes = [_tokens(a) for a in (sys.argv[3] if len(sys.argv) > 3 else "32k").split(",")]
 chunks = [int(c) for c in (sys.argv[4] if len(sys.argv) > 4 else "512,64").split(",")]
 tiles = [tuple(int(x) for x in t.split("x")) for t in os.environ.get("TILES", "").split()]
-kwargs = [{k: int(v) for k, v in (kv.split("=") for kv in item.split(","))} for item in os.environ.get("KWARGS", "").split()]
+kwargs = [{k: int(v) for k, v in (kv.split("=") for kv in item.split(","))}
+          for item in os.environ.get("KWARGS", "").split()]
 dev, hq, h, d, p = torch.device("cuda"), 32, 8, 128, 16
 gen = torch.Generator(device=dev).manual_seed(0)
 for prefix in prefixes:
@@ -56,5 +57,6 @@ for prefix in prefixes:
                     res[label] = f"{prev}{' / ' if prev else ''}{ms:.3f}"
                     if rnd == 1:
                         res[label] += f" ms ({flops / ms / 1e9:.0f} TF, err {err:.1e})"
-            print(f"prefix {prefix} chunk {n} {name:16s} | " + " | ".join(f"{k}: {v}" for k, v in res.items()), flush=True)
+            cells = " | ".join(f"{k}: {v}" for k, v in res.items())
+            print(f"prefix {prefix} chunk {n} {name:16s} | {cells}", flush=True)
             del st

@@ -100,3 +100,27 @@ def test_value_scales_spread_over_decades(name):
         ref = paged_chunk_reference(q, pos, storage, f, 1, ids, ko, vo, 12 * 16, static)
         assert not out.isnan().any()
         assert rel_err(out, ref) < 1e-4, f"splits={splits}: relative error {rel_err(out, ref):.2e}"
+
+
+def test_tile_and_split_policy_for_a_gpu_of_132_sms(monkeypatch):
+    """The launcher's tile and split choice as on the H200 (132 SMs), without a GPU: compact pages
+    take the 4-warp tile that fits twice per SM and split short chunks to fill both; bf16 pages the
+    8-warp tile, one program per SM."""
+    from kvwire.kernels import chunk_attention as ca
+
+    monkeypatch.setattr(ca, "interpreting", lambda: False)
+    monkeypatch.setattr(ca, "num_sms", lambda device: 132)
+    gpu = torch.device("cuda")
+    compact, bf16 = make_format("fp8-token/nvfp4", heads=8, head_dim=128), make_format("bf16", heads=8, head_dim=128)
+    assert ca.default_tile(compact, gpu) == ca.COMPACT_TILE and ca.default_tile(bf16, gpu) == ca.CHUNK_TILE
+    assert ca.default_tile(compact, torch.device("cpu")) == ca.CHUNK_TILE
+    pages_32k = 2048
+    # 64 queries x 4 heads: 4 blocks of 64 rows x 8 KV heads = 32 programs; 2 x 132 // 32 = 8 splits
+    assert ca.planned_splits(64, 32, compact, pages_32k, gpu) == 8
+    # the 128-row tile: 16 programs, one per SM -> 8 splits
+    assert ca.planned_splits(64, 32, bf16, pages_32k, gpu) == 8
+    # 512 queries fill the GPU (256 compact programs): one pass
+    assert ca.planned_splits(512, 32, compact, pages_32k, gpu) == 1
+    # a short prefix: splits of at least MIN_SPLIT_TOKENS
+    assert ca.planned_splits(64, 32, compact, 130, gpu) == 130 * 16 // ca.MIN_SPLIT_TOKENS
+    assert not ca.fp8_tensor_cores(torch.device("cpu"))

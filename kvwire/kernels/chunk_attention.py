@@ -203,6 +203,9 @@ def _stored_tile(t0, m_i, l_i, acc, vref, qk, qlo, qpage, end_tok, ck, st8, stf8
     layout, relative to a reference that keeps them in f16 range: the tile's largest key scale
     (a scalar folded into the exponent's FMA) and a running value reference ``vref`` (acc is kept
     in its units; it moves, with one scalar rescale of acc, when a tile's scales leave 2^+-7 of it).
+    With FP8_DOT, FP8 keys skip all that: their bytes go to an E4M3 dot as stored (q = qk + qlo,
+    two E4M3 halves) and their token/page scales multiply the fp32 score columns. NVFP4's per-token
+    factor rides on its block scales (``load_nvfp4_tile_folded``).
     """
     tk = t0 + tl.arange(0, BN)
     valid = tk < end_tok

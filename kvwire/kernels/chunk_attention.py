@@ -45,9 +45,9 @@ LOG2E = 1.4426950408889634
 #   accumulators), so a 256-thread program leaves an SM one program; a 128-thread one fits twice
 #   (COMPACT_PER_SM), and two independent programs overlap one's softmax and dequantisation with the
 #   other's MMAs. That needs shared memory for two, which compact tiles have since the open tokens
-#   moved from fp32 to bf16 operands (nvfp4 151 -> 69 KB). 32k + 512: nvfp4 1.43 -> 1.15-1.20 ms,
+#   moved from fp32 to bf16 operands (nvfp4 160 -> 112 KiB). 32k + 512: nvfp4 1.43 -> 1.15-1.20 ms,
 #   fp8-token/nvfp4 1.43 -> 1.07-1.09, fp8-token 1.34 -> 1.17, fp8-tensor 1.01 -> 0.90; 32k + 64
-#   (8 splits both): 15-22% faster than CHUNK_TILE except fp8-tensor (7%). bf16 pages need 148 KB
+#   (8 splits both): 15-22% faster than CHUNK_TILE except fp8-tensor (7%). bf16 pages need 145 KiB
 #   there and lose (0.78 -> 1.15 ms).
 CHUNK_TILE = (128, 128, 8, 2)
 COMPACT_TILE = (64, 128, 4, 2)

@@ -157,11 +157,13 @@ def format_table(result: dict) -> str:
     lines = [f"device: {result['device']}   one layer: Hq={s['num_q_heads']} Hkv={s['num_kv_heads']} "
              f"D={s['head_dim']} P={s['page_size']}, a chunk of queries after a stored prefix",
              "SDPA: bf16 on contiguous K/V, the faster of causal-masked and unmasked",
-             "| prefix | chunk | format | splits | ms | one pass ms | speedup | TFLOP/s | SDPA causal ms | SDPA no mask ms | vs SDPA | rel err |",
-             "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| prefix | chunk | format | tile | splits | ms | one pass ms | speedup | TFLOP/s | SDPA causal ms "
+             "| SDPA no mask ms | vs SDPA | rel err |",
+             "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["rows"]:
-        lines.append(f"| {r['prefix']} | {r['chunk']} | {r['format']} | {r['splits']} | {r['ms']:.3f} | {r['one_pass_ms']:.3f} | "
-                     f"{r['speedup_vs_one_pass']:.2f}x | {r['tflops']:.0f} | {r['sdpa_causal_ms']:.3f} | {r['sdpa_no_mask_ms']:.3f} | "
+        lines.append(f"| {r['prefix']} | {r['chunk']} | {r['format']} | {r['tile']} | {r['splits']} | "
+                     f"{r['ms']:.3f} | {r['one_pass_ms']:.3f} | {r['speedup_vs_one_pass']:.2f}x | "
+                     f"{r['tflops']:.0f} | {r['sdpa_causal_ms']:.3f} | {r['sdpa_no_mask_ms']:.3f} | "
                      f"{r['vs_sdpa']:.2f}x | {r['rel_err']:.1e} |")
     return "\n".join(lines)
 

@@ -52,6 +52,7 @@ LOG2E = 1.4426950408889634
 CHUNK_TILE = (128, 128, 8, 2)
 COMPACT_TILE = (64, 128, 4, 2)
 COMPACT_PER_SM = 2
+INTERPRETER_TILE = (128, 64, 8, 1)      # the CPU (Triton interpreter): sizes for test speed only
 # Splits of the stored prefix: only where the (query block, KV head) programs leave SMs idle (a
 # short chunk after a long prefix, e.g. a question after a cached document), up to the programs an
 # SM holds, each split at least MIN_SPLIT_TOKENS long. A program is compute-bound, so splitting a
@@ -143,12 +144,11 @@ def _chunk_kernel(
     if V_GRAN == 3:            # static value scale: once, before the (unscaled) open tokens join
         acc = acc * tl.load(static_ptr + (layer * 2 + 1) * H + h)
 
-    # open tokens of the block's pages (bf16, fp32 math), causal within the page
+    # open tokens of the block's pages (bf16; bf16 dots on the GPU), causal within the page
     o_lo = tl.minimum(tl.maximum(min_page * P - open_start, 0), n_open).to(tl.int32)
     o_hi = tl.minimum((max_page + 1) * P - open_start, n_open).to(tl.int32)
     if SPLIT:      # the open tokens belong to the last split only
         o_hi = tl.where(pid_s == num_splits, o_hi, o_lo)
-    q = tl.load(q_ptr + qoffs, mask=qmask, other=0.0).to(tl.float32)
     if HW:     # reloaded (not kept from the start): no [rows, D] tile stays live across the stored loop
         qo = tl.load(q_ptr + qoffs, mask=qmask & (o_hi > o_lo), other=0.0).to(tl.bfloat16)
     for o0 in range(o_lo, o_hi, BN):
@@ -218,21 +218,21 @@ def _stored_tile(t0, m_i, l_i, acc, vref, qk, qlo, qpage, end_tok, ck, st8, stf8
         s = tl.dot(qlo, k8t, tl.dot(qk, k8t))
         if K_GRAN == 1 or K_GRAN == 2:     # per-token key scales on the score columns
             s = s * load_colscale(st32, base, row, valid, h, k_s, k_gs, K_ELEM, K_GRAN, P, HW)[None, :]
-    elif K_ELEM == 2 and HW:     # the global scale over the tile's largest rides on the block scales
-        kg = load_colscale(st32, base, row, valid, h, k_s, k_gs, K_ELEM, K_GRAN, P, HW)
-        kmax = tl.max(kg, axis=0)
-        kmax = tl.where(kmax > 0, kmax, 1.0)
-        k = load_nvfp4_tile_folded(st8, base, row, valid, h, k_data, k_bs, kg / kmax, P, D, BLOCK_D, BN, NV_ASM)
-        ck = ck * kmax
     else:
-        k, kcs = load_kv_tile(st8, st16k, st32, base, row, valid, h, k_data, k_s, k_bs, k_gs,
-                              K_ELEM, K_GRAN, P, D, BLOCK_D, BN, HW, NV_ASM)
-    if (K_ELEM == 2 and not HW) or (K_ELEM == 1 and (K_GRAN == 1 or K_GRAN == 2) and not (HW and FP8_DOT)):
-        kmax = tl.max(kcs, axis=0)
-        kmax = tl.where(kmax > 0, kmax, 1.0)
-        k = (k * (kcs / kmax).to(k.dtype)[:, None]).to(k.dtype)
-        ck = ck * kmax
-    if not (K_ELEM == 1 and HW and FP8_DOT):
+        if K_ELEM == 2 and HW:     # the global scale over the tile's largest rides on the block scales
+            kg = load_colscale(st32, base, row, valid, h, k_s, k_gs, K_ELEM, K_GRAN, P, HW)
+            kmax = tl.max(kg, axis=0)
+            kmax = tl.where(kmax > 0, kmax, 1.0)
+            k = load_nvfp4_tile_folded(st8, base, row, valid, h, k_data, k_bs, kg / kmax, P, D, BLOCK_D, BN, NV_ASM)
+            ck = ck * kmax
+        else:
+            k, kcs = load_kv_tile(st8, st16k, st32, base, row, valid, h, k_data, k_s, k_bs, k_gs,
+                                  K_ELEM, K_GRAN, P, D, BLOCK_D, BN, HW, NV_ASM)
+            if K_ELEM == 2 or (K_ELEM == 1 and (K_GRAN == 1 or K_GRAN == 2)):     # relative to the tile's largest
+                kmax = tl.max(kcs, axis=0)
+                kmax = tl.where(kmax > 0, kmax, 1.0)
+                k = (k * (kcs / kmax).to(k.dtype)[:, None]).to(k.dtype)
+                ck = ck * kmax
         s = tl.dot(qk, tl.trans(k), input_precision=PREC)
     if MASKED:
         vis = valid[None, :] & ((tk // P).to(tl.int64)[None, :] < qpage[:, None])
@@ -329,7 +329,7 @@ def paged_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.T
     dev = storage.device
     g = hq // h
     block_g = pow2(g)
-    tile = default_tile(f, dev) if hw else (128, 64, 8, 1)
+    tile = default_tile(f, dev) if hw else INTERPRETER_TILE
     if rows is not None or block_n is not None or num_warps is not None or num_stages is not None:
         tile = (rows or tile[0], block_n or tile[1], num_warps or tile[2], num_stages or tile[3])
     rows, bn, warps, stages = tile

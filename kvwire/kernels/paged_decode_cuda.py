@@ -41,7 +41,12 @@ MIN_PAGES_PER_WARP = 8
 #   scales and shuffles deliver them (one load request per page instead of four, and no spill).
 #   32x32k, four interleaved rounds (2026-12-04): 0.5472-0.5510 ms (one outlier 0.5756) against
 #   0.5526-0.5611; about 1% (docs/bench-runs/2026-12-04-cuda-decode-scaleshfl.txt).
-DEFAULT_TUNING: dict[str, int] = {"DEPTH": 1, "MINB": 5, "PREF": 0, "LAZYMAX": 5, "QSMEM": 1, "SCALESHFL": 1}
+# - STAGES = slots of each warp's shared-memory page ring, filled by the bulk-copy engine (0: pages
+#   are loaded straight into registers). sm_90+ only: kernel_for uses 0 on older GPUs.
+# - PROBE_LOADS = 1 builds a timing probe of the memory path (no attention, meaningless output);
+#   only sweeps set it (scripts/gpu/cuda_decode.sh VARIANTS).
+DEFAULT_TUNING: dict[str, int] = {"DEPTH": 1, "MINB": 5, "PREF": 0, "LAZYMAX": 5, "QSMEM": 1, "SCALESHFL": 1,
+                                  "STAGES": 0}
 # Per (key, value) element type overrides of the defaults (none measured better today).
 FORMAT_TUNING: dict[tuple[ElementType, ElementType], dict[str, int]] = {}
 # Overrides on top of both, for benchmarks, sweeps and tests of other variants.
@@ -76,6 +81,8 @@ def kernel_for(page_format: PageFormat, num_q_heads: int, q_dtype: torch.dtype,
         "KELEM": elem_code(f.kv.key), "KGRAN": gran_code(f.kv.key), "VELEM": elem_code(f.kv.value),
         "VGRAN": gran_code(f.kv.value), "QF32": int(q_dtype == torch.float32), **tuning_for(f),
     }
+    if torch.cuda.get_device_capability(device) < (9, 0):
+        defines["STAGES"] = 0                      # the bulk-copy engine is sm_90+
     return load_kernel(SOURCE, KERNEL, defines, device)
 
 
@@ -135,6 +142,9 @@ def split_partials(kern: CudaKernel, q: torch.Tensor, storage: torch.Tensor, pag
     bsz = q.shape[0]
     if page_table.dtype != torch.int32 or num_pages.dtype != torch.int32:
         raise ValueError("page_table and num_pages must be int32 for the CUDA kernel")
+    if storage.data_ptr() % 16:
+        raise ValueError("the CUDA decode kernel reads pages with 16-byte loads; page storage must be 16-byte "
+                         f"aligned (data_ptr % 16 = {storage.data_ptr() % 16})")
     if f.page_bytes >= 2**32:
         raise ValueError(f"the CUDA kernel addresses pages with 32-bit sizes; {f.name} pages are {f.page_bytes} bytes")
     i64, i32, ptr = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p

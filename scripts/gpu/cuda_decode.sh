@@ -43,7 +43,11 @@ for b, ctx in shapes:
             pdc.TUNING.clear()
             if var != "default":
                 pdc.TUNING.update({k: int(v) for k, v in (kv.split("=") for kv in var.split(","))})
-            k = pdc.kernel_for(f, 32, prob.args[0].dtype, prob.args[0].device)
+            try:
+                k = pdc.kernel_for(f, 32, prob.args[0].dtype, prob.args[0].device)
+            except RuntimeError as e:          # e.g. a ring that does not fit in shared memory
+                print(f"{b}x{ctx} {name:16s} {var:18s} does not build: {str(e).splitlines()[-2:]}", flush=True)
+                continue
             dflt = pdc.default_splits(k, b, 8, prob.args[4].shape[1], prob.args[0].device)
             res = []
             for s in splits:
@@ -53,7 +57,7 @@ for b, ctx in shapes:
                 ms = time_graph(fns, 10)
                 res.append(f"{s}:{ms:.4f}({nbytes / ms / 1e9:.2f}TB/s,{sdpa / ms:.2f}x)")
             tun = ",".join(f"{a}={v}" for a, v in pdc.tuning_for(f).items())
-            print(f"{b}x{ctx} {name:16s} {var:18s} [{tun}] regs={k.num_regs} blocks/SM={k.blocks_per_sm(128)} "
+            print(f"{b}x{ctx} {name:16s} {var:26s} [{tun}] regs={k.num_regs} blocks/SM={k.blocks_per_sm(128)} "
                   f"default={dflt} " + " ".join(res), flush=True)
         del probs, prob; torch.cuda.empty_cache()
 pdc.TUNING.clear()

@@ -16,15 +16,15 @@ from .test_gpu import _check_decode, _decode_problem
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 DEV = "cuda"
 VARIANTS = [{}, {"DEPTH": 2, "MINB": 1}, {"DEPTH": 3, "MINB": 1}, {"PREF": 2}, {"LAZYMAX": 0},
-            {"QSMEM": 0, "MINB": 4}, {"SCALESHFL": 0}]
+            {"QSMEM": 0, "MINB": 4}, {"SCALESHFL": 0}, {"STAGES": 0}, {"STAGES": 1}, {"STAGES": 2}]
 
 
 @pytest.fixture(params=VARIANTS, ids=["default", "depth-2", "depth-3", "l2-prefetch", "exact-max", "q-in-registers",
-                                      "scale-loads"])
+                                      "scale-loads", "registers", "staged-1", "staged-2"])
 def variant(request, monkeypatch):
-    """The shipped tuning (q in shared memory, no register ring, fp8-token scales by shuffle),
-    rings of 2 and 3 pages, the L2 prefetch, the exact running max, q in registers and fp8-token
-    scales by one load each (other code paths)."""
+    """The shipped tuning, then other code paths: register rings of 2 and 3 pages, the L2
+    prefetch, the exact running max, q in registers, fp8-token scales by one load each, pages
+    loaded straight into registers, and shared-memory page rings of 1 and 2 slots."""
     tuning = dict(paged_decode_cuda.TUNING)
     tuning.update(request.param)
     monkeypatch.setattr(paged_decode_cuda, "TUNING", tuning)
@@ -104,6 +104,18 @@ def test_cuda_decode_page_ids_past_65536_and_offsets_past_2_31(variant):
             torch.tensor([3, 3], dtype=torch.int32, device=DEV), tail, torch.tensor([1, 0], dtype=torch.int32, device=DEV),
             torch.tensor([16, 2], dtype=torch.int32, device=DEV), None)
     _check_decode(args, 4e-3, backend="cuda")
+
+
+def test_cuda_decode_refuses_misaligned_storage():
+    """Pages are read with 16-byte loads (and bulk copies): a storage view 8 bytes off gets a clear error."""
+    args = list(_decode_problem("fp8-token"))
+    storage = args[1]
+    raw = torch.empty(storage.numel() + 16, dtype=torch.uint8, device=DEV)
+    shifted = raw[8:8 + storage.numel()].view_as(storage)
+    shifted.copy_(storage)
+    args[1] = shifted
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        paged_decode_attention(*args, backend="cuda")
 
 
 def test_auto_picks_cuda_where_it_applies_and_triton_elsewhere():

@@ -77,54 +77,96 @@ __device__ __forceinline__ LaneOffsets lane_offsets(int h, int gi, int ci, i64 k
     return o;
 }
 
-__device__ __forceinline__ void load_page(PageRegs& r, const u8* page, const LaneOffsets& o) {
+// Loads of one page's lane bytes from global memory (``page`` a pointer) or from a staged copy in
+// shared memory (``page`` a shared-memory address): the same offsets, one template.
+struct FromGlobal {
+    typedef const u8* Addr;
+    static __device__ __forceinline__ void v4(Addr a, u32* r) { ld16(a, r); }
+    static __device__ __forceinline__ void v2(Addr a, u32* r) { ld8(a, r); }
+    static __device__ __forceinline__ u32 w(Addr a) { return *(const u32*)a; }
+    static __device__ __forceinline__ float f(Addr a) { return ldf(a); }
+    static __device__ __forceinline__ u32 h(Addr a) { return ldh(a); }
+    static __device__ __forceinline__ u32 b(Addr a) { return ldb(a); }
+};
+struct FromShared {
+    typedef u32 Addr;
+    static __device__ __forceinline__ void v4(Addr a, u32* r) {
+        asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+    }
+    static __device__ __forceinline__ void v2(Addr a, u32* r) {
+        asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
+    }
+    static __device__ __forceinline__ u32 w(Addr a) {
+        u32 r;
+        asm volatile("ld.shared.u32 %0, [%1];" : "=r"(r) : "r"(a));
+        return r;
+    }
+    static __device__ __forceinline__ float f(Addr a) {
+        float r;
+        asm volatile("ld.shared.f32 %0, [%1];" : "=f"(r) : "r"(a));
+        return r;
+    }
+    static __device__ __forceinline__ u32 h(Addr a) {
+        u16 r;
+        asm volatile("ld.shared.u16 %0, [%1];" : "=h"(r) : "r"(a));
+        return (u32)r;
+    }
+    static __device__ __forceinline__ u32 b(Addr a) {
+        u16 r;
+        asm volatile("ld.shared.u8 %0, [%1];" : "=h"(r) : "r"(a));
+        return (u32)r;
+    }
+};
+
+template <class M>
+__device__ __forceinline__ void load_page(PageRegs& r, typename M::Addr page, const LaneOffsets& o) {
 #if KELEM == 1
-    const u8* kb = page + o.k;
+    const typename M::Addr kb = page + o.k;
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr)
 #pragma unroll
-        for (int j = 0; j < D / 64; ++j) ld16(kb + rr * 8 * D + 64 * j, &r.k[rr][4 * j]);
+        for (int j = 0; j < D / 64; ++j) M::v4(kb + rr * 8 * D + 64 * j, &r.k[rr][4 * j]);
 #if TOKSHFL
-    r.sc = ldf(page + o.ks);
+    r.sc = M::f(page + o.ks);
 #elif KGRAN == 1
-    r.ks[0] = ldf(page + o.ks);
-    r.ks[1] = ldf(page + o.ks + 32);
+    r.ks[0] = M::f(page + o.ks);
+    r.ks[1] = M::f(page + o.ks + 32);
 #elif KGRAN == 2
-    r.ks[0] = r.ks[1] = ldf(page + o.ks);
+    r.ks[0] = r.ks[1] = M::f(page + o.ks);
 #endif
 #else
-    const u8* kb = page + o.k;
-    const u8* bs = page + o.kbs;
+    const typename M::Addr kb = page + o.k;
+    const typename M::Addr bs = page + o.kbs;
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
-        if (D == 128) ld16(kb + rr * 8 * (D / 2), r.k[rr]); else ld8(kb + rr * 8 * (D / 2), r.k[rr]);
-        const u8* b = bs + rr * 8 * (D / 16);
-        r.kbs[rr] = D == 128 ? ldh(b) : ldb(b);          // D/64 block scales: 2-byte aligned
+        if (D == 128) M::v4(kb + rr * 8 * (D / 2), r.k[rr]); else M::v2(kb + rr * 8 * (D / 2), r.k[rr]);
+        const typename M::Addr b = bs + rr * 8 * (D / 16);
+        r.kbs[rr] = D == 128 ? M::h(b) : M::b(b);          // D/64 block scales: 2-byte aligned
     }
-    r.ks[0] = r.ks[1] = ldf(page + o.ks);
+    r.ks[0] = r.ks[1] = M::f(page + o.ks);
 #endif
 #if VELEM == 1
-    const u8* vb = page + o.v;
+    const typename M::Addr vb = page + o.v;
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
-        if (D == 128) ld16(vb + 4 * t * D, r.v[t]); else ld8(vb + 4 * t * D, r.v[t]);
+        if (D == 128) M::v4(vb + 4 * t * D, r.v[t]); else M::v2(vb + 4 * t * D, r.v[t]);
     }
 #if TOKSHFL
 #elif VGRAN == 1
-    r.vs[0] = ldf(page + o.vs);
-    r.vs[1] = ldf(page + o.vs + 32);
+    r.vs[0] = M::f(page + o.vs);
+    r.vs[1] = M::f(page + o.vs + 32);
 #elif VGRAN == 2
-    r.vs[0] = r.vs[1] = ldf(page + o.vs);
+    r.vs[0] = r.vs[1] = M::f(page + o.vs);
 #endif
 #else
-    const u8* vb = page + o.v;
-    const u8* vbs = page + o.vbs;
+    const typename M::Addr vb = page + o.v;
+    const typename M::Addr vbs = page + o.vbs;
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
-        if (D == 128) ld8(vb + 4 * t * (D / 2), r.v[t]); else r.v[t][0] = *(const u32*)(vb + 4 * t * (D / 2));
-        r.vbs[t] = ldb(vbs + 4 * t * (D / 16));
+        if (D == 128) M::v2(vb + 4 * t * (D / 2), r.v[t]); else r.v[t][0] = M::w(vb + 4 * t * (D / 2));
+        r.vbs[t] = M::b(vbs + 4 * t * (D / 16));
     }
-    r.vs[0] = r.vs[1] = ldf(page + o.vs);
+    r.vs[0] = r.vs[1] = M::f(page + o.vs);
 #endif
 }
 

@@ -5,7 +5,9 @@
 //   KGRAN, VGRAN (0 none, 1 token, 2 page, 3 static: tensor/head; fp8 only), QF32 (q is fp32, else bf16);
 //   tuning: DEPTH, MINB, PREF (paged_decode_cuda.py says what they are), LAZYMAX (0: exact running
 //   max), QSMEM (q's fragments in shared memory instead of registers), SCALESHFL (fp8-token
-//   scales by one load and shuffles, decode_page_regs.cuh).
+//   scales by one load and shuffles, decode_page_regs.cuh), STAGES (0: pages loaded straight into
+//   registers; n > 0: through an n-slot shared-memory ring per warp filled by the bulk-copy
+//   engine, page_staging.cuh; sm_90+), PROBE_LOADS (a timing probe of the memory path alone).
 // It writes the same partial results (m, l, acc per split and query head, log2 units) as the
 // Triton split kernel, so the Triton reduce kernel attends the bf16 tail and merges the splits.
 //
@@ -49,7 +51,18 @@
 #define P 16
 #define VB (D / 8)
 
+#ifndef STAGES
+#define STAGES 0
+#endif
+#ifndef PROBE_LOADS
+#define PROBE_LOADS 0
+#endif
+
 #include "decode_page_regs.cuh"      // fragment_ops.cuh, ptx_common.cuh through it
+#if STAGES
+#include "page_staging.cuh"
+#endif
+__device__ constexpr int imax_c(int a, int b) { return a > b ? a : b; }
 
 struct SoftmaxState {
     float m0, m1;                    // running max of heads 2ci, 2ci+1 (log2 units)
@@ -201,6 +214,39 @@ __device__ __forceinline__ void attend_page(const PageRegs& cur, const QOperand&
 #endif
 }
 
+#if PROBE_LOADS
+// A timing probe, not attention (a variant of scripts/gpu/cuda_decode.sh's sweep): every word of the page is
+// folded into one accumulator, so the warp waits for all of its loads and does almost nothing
+// else. What it measures is the page loop's memory path alone; its output is meaningless.
+__device__ __forceinline__ void consume_page(const PageRegs& r, SoftmaxState& st) {
+    u32 x = 0;
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < KWORDS; ++j) x ^= r.k[i][j];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < VWORDS; ++j) x ^= r.v[i][j];
+#if KELEM == 2
+    x ^= r.kbs[0] ^ r.kbs[1];
+#endif
+#if VELEM == 2
+    x ^= r.vbs[0] ^ r.vbs[1] ^ r.vbs[2] ^ r.vbs[3];
+#endif
+    float f = 0.f;
+#if TOKSHFL
+    f = r.sc;
+#elif (KELEM == 1 && (KGRAN == 1 || KGRAN == 2)) || KELEM == 2
+    f = r.ks[0] + r.ks[1] + r.vs[0] + r.vs[1];
+#endif
+    st.acc[0][0] += (float)(x & 1u) + f;
+}
+#define ATTEND(cur) consume_page(cur, st)
+#else
+#define ATTEND(cur) attend_page(cur, qop, cscale, gi, ci, st)
+#endif
+
 extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
     const void* __restrict__ q_ptr, i64 sq_b, i64 sq_h,
     const u8* __restrict__ storage, i64 page_bytes,
@@ -211,10 +257,17 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
     i64 k_data, i64 k_s, i64 k_bs, i64 k_gs, i64 v_data, i64 v_s, i64 v_bs, i64 v_gs) {
     __shared__ float sm_m[NW][8];
     __shared__ float sm_l[NW][8];
+#if STAGES
+    // The warps' page rings; after the page loop the same bytes hold the block's merge.
+    __shared__ __align__(128) u8 sm_pool[imax_c(NW * STAGES * SLOT_BYTES, NW * 8 * (D + 1) * 4)];
+    __shared__ __align__(8) unsigned long long sm_bar[NW][STAGES];
+#define SM_ACC(w, j, d) ((float*)sm_pool)[((w) * 8 + (j)) * (D + 1) + (d)]
+#else
     __shared__ float sm_acc[NW][8][D + 1];
+#define SM_ACC(w, j, d) sm_acc[w][j][d]
+#endif
 #define SM_M(w, j) sm_m[w][j]
 #define SM_L(w, j) sm_l[w][j]
-#define SM_ACC(w, j, d) sm_acc[w][j][d]
 
     const int pid_s = blockIdx.x;
     const int pid_bh = blockIdx.y;
@@ -290,6 +343,41 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
     for (int i = 0; i < MTILES; ++i) st.acc[i][0] = st.acc[i][1] = st.acc[i][2] = st.acc[i][3] = 0.f;
     const int* pt = page_table + (i64)b * spt_b;
     const int first = p0 + warp;
+#if STAGES
+    // ---- pages through this warp's shared-memory ring (page_staging.cuh) ----
+    const u32 ring = smem_addr(sm_pool) + warp * (STAGES * SLOT_BYTES);
+    const u32 bars = smem_addr(&sm_bar[warp][0]);
+    if (lane == 0) {
+#pragma unroll
+        for (int k = 0; k < STAGES; ++k) mbar_init(bars + 8 * k);
+        mbar_init_fence();
+    }
+    warp_sync();
+    const StageSources src = stage_sources(h, k_data, k_s, k_bs, k_gs, v_data, v_s, v_bs, v_gs);
+    const LaneOffsets off = staged_lane_offsets(h, gi, ci);
+    if (lane == 0) {
+#pragma unroll
+        for (int k = 0; k < STAGES; ++k) {
+            const int pg = first + k * NW;
+            if (pg < p1) stage_page(ring + k * SLOT_BYTES, bars + 8 * k, page_at(storage, pt[pg], page_bytes), src);
+        }
+    }
+    // The id of the page requested next is read one page ahead (its L2 round trip off the issue path).
+    int id_next = first + STAGES * NW < p1 ? pt[first + STAGES * NW] : 0;
+    u32 slot = 0, parity = 0;
+    for (int pg = first; pg < p1; pg += NW) {
+        mbar_wait(bars + 8 * slot, parity);
+        PageRegs cur;
+        load_page<FromShared>(cur, ring + slot * SLOT_BYTES, off);
+        ATTEND(cur);
+        warp_sync();                     // every lane has read the slot before it is refilled
+        const int nx = pg + STAGES * NW;
+        if (nx < p1 && lane == 0) stage_page(ring + slot * SLOT_BYTES, bars + 8 * slot, page_at(storage, id_next, page_bytes), src);
+        id_next = nx + NW < p1 ? pt[nx + NW] : 0;
+        if (++slot == STAGES) { slot = 0; parity ^= 1u; }
+    }
+    block_sync();                        // the merge below reuses the rings' bytes
+#else
     const LaneOffsets off = lane_offsets(h, gi, ci, k_data, k_s, k_bs, k_gs, v_data, v_s, v_bs, v_gs);
     // Page ids are read one step before they are needed (a load whose address waits on an id
     // would stall the warp for a whole L2 round trip on every page); PREF > 0 also asks L2 for
@@ -299,7 +387,7 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
 #pragma unroll
     for (int k = 0; k < DEPTH - 1; ++k) {
         const int pg = first + k * NW;
-        if (pg < p1) load_page(ring[k], page_at(storage, pt[pg], page_bytes), off);
+        if (pg < p1) load_page<FromGlobal>(ring[k], page_at(storage, pt[pg], page_bytes), off);
     }
     int id_ring = first + (DEPTH - 1) * NW < p1 ? pt[first + (DEPTH - 1) * NW] : 0;
 #if PREF > 0
@@ -316,17 +404,18 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
             const int pg = base + k * NW;
             if (pg < p1) {
                 const int pf = pg + (DEPTH - 1) * NW;
-                if (pf < p1) load_page(ring[(k + DEPTH - 1) % DEPTH], page_at(storage, id_ring, page_bytes), off);
+                if (pf < p1) load_page<FromGlobal>(ring[(k + DEPTH - 1) % DEPTH], page_at(storage, id_ring, page_bytes), off);
                 id_ring = pf + NW < p1 ? pt[pf + NW] : 0;
 #if PREF > 0
                 const int pp = pf + PREF * NW;
                 if (pp < p1 && pf_line >= 0) prefetch_l2(page_at(storage, id_pref, page_bytes) + pf_line);
                 id_pref = pp + NW < p1 ? pt[pp + NW] : 0;
 #endif
-                attend_page(ring[k], qop, cscale, gi, ci, st);
+                ATTEND(ring[k]);
             }
         }
     }
+#endif
 
     // ---- this warp's partial: sums over lanes, value scales, then the block's merge ----
 #pragma unroll

@@ -117,6 +117,7 @@ class CudaKernel:
     function: ctypes.c_void_p
     module: ctypes.c_void_p
     num_regs: int
+    defines: dict = field(default_factory=dict)       # the -D macros it was compiled with
     _occupancy: dict = field(default_factory=dict)
 
     def blocks_per_sm(self, block_threads: int, shared_bytes: int = 0) -> int:
@@ -168,7 +169,7 @@ def load_source(source: str, kernel: str, defines: dict[str, int], device: torch
         _check_cu(lib.cuModuleGetFunction(ctypes.byref(fn), module, kernel.encode()), "get function")
     regs = ctypes.c_int()
     _check_cu(lib.cuFuncGetAttribute(ctypes.byref(regs), 4, fn), "attribute")   # 4 = NUM_REGS
-    _CACHE[key] = CudaKernel(fn, module, regs.value)
+    _CACHE[key] = CudaKernel(fn, module, regs.value, dict(defines))
     return _CACHE[key]
 
 

@@ -45,8 +45,10 @@ MIN_PAGES_PER_WARP = 8
 #   are loaded straight into registers). sm_90+ only: kernel_for uses 0 on older GPUs.
 # - PROBE_LOADS = 1 builds a timing probe of the memory path (no attention, meaningless output);
 #   only sweeps set it (scripts/gpu/cuda_decode.sh VARIANTS).
+# - HEADS_FASTEST = 1 orders the grid so that one split's KV-head blocks are adjacent (they then
+#   read the head slices of the same pages at about the same time); 0: a head's splits adjacent.
 DEFAULT_TUNING: dict[str, int] = {"DEPTH": 1, "MINB": 5, "PREF": 0, "LAZYMAX": 5, "QSMEM": 1, "SCALESHFL": 1,
-                                  "STAGES": 0}
+                                  "STAGES": 0, "HEADS_FASTEST": 0}
 # Per (key, value) element type overrides of the defaults (none measured better today).
 FORMAT_TUNING: dict[tuple[ElementType, ElementType], dict[str, int]] = {}
 # Overrides on top of both, for benchmarks, sweeps and tests of other variants.
@@ -156,7 +158,11 @@ def split_partials(kern: CudaKernel, q: torch.Tensor, storage: torch.Tensor, pag
             ptr(part_acc.data_ptr()), ptr(part_m.data_ptr()), ptr(part_l.data_ptr()),
             i32(splits), ctypes.c_float(qk_scale),
             *[i64(o) for o in kd], *[i64(o) for o in vd]]
-    kern.launch((splits, bsz * f.num_kv_heads, 1), (32 * num_warps, 1, 1), args)
+    if kern.defines.get("HEADS_FASTEST"):
+        grid = (splits * f.num_kv_heads, bsz, 1)
+    else:
+        grid = (splits, bsz * f.num_kv_heads, 1)
+    kern.launch(grid, (32 * num_warps, 1, 1), args)
 
 
 __all__ = ["NvrtcUnavailableError", "default_splits", "dependent_launch", "kernel_for", "select", "split_partials", "supports",

@@ -7,7 +7,8 @@
 //   max), QSMEM (q's fragments in shared memory instead of registers), SCALESHFL (fp8-token
 //   scales by one load and shuffles, decode_page_regs.cuh), STAGES (0: pages loaded straight into
 //   registers; n > 0: through an n-slot shared-memory ring per warp filled by the bulk-copy
-//   engine, page_staging.cuh; sm_90+), PROBE_LOADS (a timing probe of the memory path alone).
+//   engine, page_staging.cuh; sm_90+), PROBE_LOADS (a timing probe of the memory path alone),
+//   HEADS_FASTEST (grid order: a split's KV heads adjacent; the launcher shapes the grid to match).
 // It writes the same partial results (m, l, acc per split and query head, log2 units) as the
 // Triton split kernel, so the Triton reduce kernel attends the bf16 tail and merges the splits.
 //
@@ -56,6 +57,9 @@
 #endif
 #ifndef PROBE_LOADS
 #define PROBE_LOADS 0
+#endif
+#ifndef HEADS_FASTEST
+#define HEADS_FASTEST 0
 #endif
 
 #include "decode_page_regs.cuh"      // fragment_ops.cuh, ptx_common.cuh through it
@@ -269,10 +273,19 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
 #define SM_M(w, j) sm_m[w][j]
 #define SM_L(w, j) sm_l[w][j]
 
-    const int pid_s = blockIdx.x;
+#if HEADS_FASTEST
+    // grid (H * splits, B): the blocks of one split of one sequence, one per KV head, are adjacent
+    // in launch order, so they run together and read the head slices of the same pages together.
+    const int pid_s = blockIdx.x / H;
+    const int h = blockIdx.x % H;
+    const int b = blockIdx.y;
+    const int pid_bh = b * H + h;
+#else
+    const int pid_s = blockIdx.x;                 // grid (splits, B * H)
     const int pid_bh = blockIdx.y;
     const int b = pid_bh / H;
     const int h = pid_bh % H;
+#endif
     const int warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;
     const int gi = lane >> 2;

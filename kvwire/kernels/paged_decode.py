@@ -296,7 +296,7 @@ def paged_decode_attention(q: torch.Tensor, storage: torch.Tensor, page_format: 
     cfg = default_config(f, bsz, page_table.shape[1], dev, hq, packed)
     splits = num_splits or cfg["num_splits"]
     if cuda_kernel is not None and not num_splits:
-        splits = paged_decode_cuda.default_splits(cuda_kernel, bsz, f.num_kv_heads, page_table.shape[1], dev)
+        splits = paged_decode_cuda.default_splits(cuda_kernel.regular, bsz, f.num_kv_heads, page_table.shape[1], dev)
     bn = block_n or cfg["block_n"]
     nw = num_warps or cfg["num_warps"]
     ns = num_stages or cfg["num_stages"]

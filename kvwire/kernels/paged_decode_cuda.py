@@ -14,10 +14,11 @@ Everything else, and CPU/interpreter runs, uses the Triton kernel or the torch r
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 
 import torch
 
-from kvwire.formats import ElementType, PageFormat
+from kvwire.formats import ElementType, Granularity, PageFormat
 from kvwire.kernels._common import elem_code, gran_code
 from kvwire.kernels.nvrtc import CudaKernel, NvrtcUnavailableError, choose, load_kernel
 
@@ -88,13 +89,56 @@ def kernel_for(page_format: PageFormat, num_q_heads: int, q_dtype: torch.dtype,
     return load_kernel(SOURCE, KERNEL, defines, device)
 
 
+# Deep grids take the shared-memory page ring (STAGES=DEEP_GRID_STAGES) for fp8-token pages (token
+# scales on K and V): measured on the H200 (2026-12-04, docs/benchmarks.md "Staged pages"), 1-3%
+# faster at 64x8k, 32x32k and 16x128k (about 7 waves of blocks), but 2% slower at 8x32k (4 waves)
+# and 10% at 1x32k (under one wave), where the ring's start-up is not amortised; slower for the
+# other formats at every shape measured.
+DEEP_GRID_STAGES = 2
+DEEP_GRID_WAVES = 6
+
+
+def deep_grid_stages(page_format: PageFormat) -> int:
+    """Ring slots for this format's deep grids (0: none), unless TUNING sets STAGES itself."""
+    kv = page_format.kv
+    token_fp8 = all(t.element is ElementType.FP8 and t.granularity is Granularity.TOKEN for t in (kv.key, kv.value))
+    return DEEP_GRID_STAGES if token_fp8 and "STAGES" not in TUNING else 0
+
+
+@dataclass(frozen=True)
+class DecodeKernels:
+    """One format's split kernels: ``regular`` (tuning_for), and ``deep_grid`` (the staged ring,
+    or None) for grids of at least ``deep_grid_blocks`` blocks. Both are compiled when selected,
+    so that a launch never compiles (which CUDA-graph capture would not allow)."""
+
+    regular: CudaKernel
+    deep_grid: CudaKernel | None = None
+    deep_grid_blocks: int = 0
+
+    def for_grid(self, blocks: int) -> CudaKernel:
+        if self.deep_grid is not None and blocks >= self.deep_grid_blocks:
+            return self.deep_grid
+        return self.regular
+
+
+def kernels_for(page_format: PageFormat, num_q_heads: int, q_dtype: torch.dtype,
+                device: torch.device) -> DecodeKernels:
+    regular = kernel_for(page_format, num_q_heads, q_dtype, device)
+    stages = deep_grid_stages(page_format) if torch.cuda.get_device_capability(device) >= (9, 0) else 0
+    if not stages:
+        return DecodeKernels(regular)
+    deep = load_kernel(SOURCE, KERNEL, {**regular.defines, "STAGES": stages}, device)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return DecodeKernels(regular, deep, DEEP_GRID_WAVES * sms * max(1, deep.blocks_per_sm(32 * NUM_WARPS)))
+
+
 def select(backend: str, page_format: PageFormat, num_q_heads: int, q: torch.Tensor,
-           eligible: bool) -> CudaKernel | None:
-    """The CUDA kernel to run for ``backend`` ("auto", "cuda", "triton"), or None for Triton
+           eligible: bool) -> DecodeKernels | None:
+    """The CUDA kernels to run for ``backend`` ("auto", "cuda", "triton"), or None for Triton
     (``nvrtc.choose``: "cuda" raises where the kernel does not apply)."""
     f = page_format
     return choose(backend, eligible and supports(f, num_q_heads, q),
-                  lambda: kernel_for(f, num_q_heads, q.dtype, q.device),
+                  lambda: kernels_for(f, num_q_heads, q.dtype, q.device),
                   lambda: (f"the CUDA decode kernel does not cover format {f.name}, page size {f.page_size}, "
                            f"head_dim {f.head_dim}, {num_q_heads} query heads, q {q.dtype} on {q.device}"),
                   "paged decode")
@@ -134,7 +178,7 @@ def default_splits(kernel: CudaKernel, batch: int, kv_heads: int, max_pages: int
     return best
 
 
-def split_partials(kern: CudaKernel, q: torch.Tensor, storage: torch.Tensor, page_format: PageFormat, layer: int,
+def split_partials(kernels: DecodeKernels, q: torch.Tensor, storage: torch.Tensor, page_format: PageFormat, layer: int,
                    page_table: torch.Tensor, num_pages: torch.Tensor, static: torch.Tensor,
                    part_acc: torch.Tensor, part_m: torch.Tensor, part_l: torch.Tensor, splits: int,
                    qk_scale: float, offsets: tuple[tuple[int, ...], tuple[int, ...]],
@@ -151,6 +195,7 @@ def split_partials(kern: CudaKernel, q: torch.Tensor, storage: torch.Tensor, pag
         raise ValueError(f"the CUDA kernel addresses pages with 32-bit sizes; {f.name} pages are {f.page_bytes} bytes")
     i64, i32, ptr = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
     kd, vd = offsets
+    kern = kernels.for_grid(splits * bsz * f.num_kv_heads)
     args = [ptr(q.data_ptr()), i64(q.stride(0)), i64(q.stride(1)),
             ptr(storage.data_ptr()), i64(f.page_bytes),
             ptr(page_table.data_ptr()), i64(page_table.stride(0)), ptr(num_pages.data_ptr()),
@@ -165,5 +210,6 @@ def split_partials(kern: CudaKernel, q: torch.Tensor, storage: torch.Tensor, pag
     kern.launch(grid, (32 * num_warps, 1, 1), args)
 
 
-__all__ = ["NvrtcUnavailableError", "default_splits", "dependent_launch", "kernel_for", "select", "split_partials", "supports",
+__all__ = ["DecodeKernels", "NvrtcUnavailableError", "deep_grid_stages", "default_splits", "dependent_launch", "kernel_for",
+           "kernels_for", "select", "split_partials", "supports",
            "tuning_for"]

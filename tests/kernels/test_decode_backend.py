@@ -71,3 +71,22 @@ def test_tuning_layers_defaults_format_entries_and_overrides(monkeypatch):
     assert paged_decode_cuda.tuning_for(make_format("fp8-token")) == paged_decode_cuda.DEFAULT_TUNING
     monkeypatch.setattr(paged_decode_cuda, "TUNING", {"DEPTH": 4, "PREF": 1})
     assert paged_decode_cuda.tuning_for(f) == {**paged_decode_cuda.DEFAULT_TUNING, "DEPTH": 4, "PREF": 1}
+
+
+def test_deep_grids_stage_only_fp8_token_pages(monkeypatch):
+    """The staged ring is picked for fp8-token pages (K and V) only, and an explicit STAGES wins."""
+    monkeypatch.setattr(paged_decode_cuda, "TUNING", {})
+    assert paged_decode_cuda.deep_grid_stages(make_format("fp8-token")) == paged_decode_cuda.DEEP_GRID_STAGES > 0
+    for name in ("fp8-tensor", "fp8-page", "nvfp4", "fp8-token/nvfp4", "nvfp4/fp8-token", "fp8-page/fp8-token"):
+        assert paged_decode_cuda.deep_grid_stages(make_format(name)) == 0, name
+    monkeypatch.setattr(paged_decode_cuda, "TUNING", {"STAGES": 0})
+    assert paged_decode_cuda.deep_grid_stages(make_format("fp8-token")) == 0
+
+
+def test_decode_kernels_pick_the_staged_ring_from_the_grid_depth():
+    from kvwire.kernels.nvrtc import CudaKernel
+    regular, deep = CudaKernel(None, None, 96), CudaKernel(None, None, 88)
+    both = paged_decode_cuda.DecodeKernels(regular, deep, deep_grid_blocks=3960)
+    assert both.for_grid(3959) is regular
+    assert both.for_grid(3960) is deep
+    assert paged_decode_cuda.DecodeKernels(regular).for_grid(10**6) is regular

@@ -120,6 +120,26 @@ def test_cuda_decode_refuses_misaligned_storage():
         paged_decode_attention(*args, backend="cuda")
 
 
+def test_cuda_decode_deep_grid_takes_the_staged_ring(monkeypatch):
+    """fp8-token pages on a grid of DEEP_GRID_WAVES waves or more run the staged kernel, correctly."""
+    monkeypatch.setattr(paged_decode_cuda, "TUNING", {})
+    args = _decode_problem("fp8-token")
+    kernels = paged_decode_cuda.select("cuda", args[2], args[0].shape[1], args[0], True)
+    assert kernels.deep_grid is not None and kernels.deep_grid.defines["STAGES"] > 0
+    launched = []
+    pick = paged_decode_cuda.DecodeKernels.for_grid
+
+    def spy(self, blocks):
+        launched.append(pick(self, blocks))
+        return launched[-1]
+
+    monkeypatch.setattr(paged_decode_cuda.DecodeKernels, "for_grid", spy)
+    rows = args[0].shape[0] * args[2].num_kv_heads
+    _check_decode(args, 1e-2, backend="cuda", num_splits=-(-kernels.deep_grid_blocks // rows))
+    _check_decode(args, 1e-2, backend="cuda", num_splits=4)
+    assert launched == [kernels.deep_grid, kernels.regular]
+
+
 def test_auto_picks_cuda_where_it_applies_and_triton_elsewhere():
     args = _decode_problem("fp8-token/nvfp4")
     assert paged_decode_cuda.supports(args[2], args[0].shape[1], args[0])

@@ -353,7 +353,8 @@ def paged_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.T
     # every split's range a whole number of key tiles, the ranges covering the stored prefix
     split_tokens = triton.cdiv(triton.cdiv(max(stored, 1), splits), bn) * bn
     parts = splits + 1 if split else 1                  # split S: the open tokens
-    fp8_keys = fp8_dot and kf.element is ElementType.FP8 and fp8_tensor_cores(dev)
+    # an E4M3 dot reduces over at least 32 elements: smaller heads keep the fp16 path
+    fp8_keys = fp8_dot and kf.element is ElementType.FP8 and block_d >= 32 and fp8_tensor_cores(dev)
     if split:
         part_acc = torch.empty((parts, n, hq, d), dtype=torch.float32, device=dev)
         part_m = torch.empty((parts, n, hq), dtype=torch.float32, device=dev)

@@ -180,6 +180,26 @@ def test_chunk_attention(name, splits, tile, n):
     assert err < 1e-2
 
 
+@pytest.mark.parametrize("name", ["fp8-token", "fp8-tensor", "fp8-token/nvfp4", "nvfp4", "bf16"])
+@pytest.mark.parametrize("head_dim", [16, 32, 64])
+def test_chunk_attention_small_heads(name, head_dim):
+    """Heads under 128 (the E4M3 key dot needs a reduction of 32 or more: 16 takes the fp16 path)."""
+    gen = torch.Generator(device=DEV).manual_seed(4)
+    f = make_format(name, page_size=16, layers=2, heads=2, head_dim=head_dim)
+    storage, static = make_pool(f, 80, gen, DEV, empty=True)
+    ids = torch.randperm(80, device=DEV, generator=gen)[:72]      # 64 prefix pages + the chunk's 7
+    n, open_start = 100, 64 * 16
+    ko = torch.randn((n, 2, head_dim), device=DEV, generator=gen).to(torch.bfloat16)
+    vo = torch.randn((n, 2, head_dim), device=DEV, generator=gen).to(torch.bfloat16)
+    pos = torch.arange(open_start, open_start + n, device=DEV)
+    q = torch.randn((n, 4, head_dim), device=DEV, generator=gen).to(torch.bfloat16)
+    out = torch.full_like(q, float("nan"))
+    paged_chunk_attention(q, pos, storage, f, 1, ids, ko, vo, open_start, static, out=out)
+    ref = paged_chunk_reference(q, pos, storage, f, 1, ids, ko, vo, open_start, static)
+    assert not out.isnan().any()
+    assert rel_err(out, ref) < 1e-2
+
+
 @pytest.mark.parametrize("name", ["fp8-token", "fp8-page/nvfp4", "nvfp4"])
 def test_chunk_attention_scales_spread_over_decades(name):
     # K/V pages from 1e-3 to 1e3 in magnitude, in runs of 8 pages (one 128-token tile): the kernel's

@@ -41,10 +41,11 @@ FLOATS = ("qk_scale",)
 INT32 = ("n_q", "n_pages", "n_open", "open_start", "num_splits", "layer")
 
 
-def compile_kernel(name: str, rows: int, block_n: int, warps: int, stages: int, fp8_dot: bool, split: bool):
-    f = PageFormat(KVFormat.parse(name), 16, 1, 8, 128)
+def compile_kernel(name: str, rows: int, block_n: int, warps: int, stages: int, fp8_dot: bool, split: bool,
+                   head_dim: int = 128):
+    f = PageFormat(KVFormat.parse(name), 16, 1, 8, head_dim)
     kf, vf = f.kv.key, f.kv.value
-    const = dict(H=8, G=4, BLOCK_G=4, BLOCK_M=rows // 4, P=16, D=128, BLOCK_D=128, BN=block_n,
+    const = dict(H=8, G=4, BLOCK_G=4, BLOCK_M=rows // 4, P=16, D=head_dim, BLOCK_D=head_dim, BN=block_n,
                  K_ELEM=elem_code(kf), K_GRAN=gran_code(kf), V_ELEM=elem_code(vf), V_GRAN=gran_code(vf),
                  HW=True, NV_ASM=True, SPLIT=split, FP8_DOT=fp8_dot, PREC="tf32",
                  **{s: 1 for s in UNIT_STRIDES})
@@ -100,8 +101,10 @@ def main() -> None:
     ap.add_argument("--stages", type=int, default=2)
     ap.add_argument("--no-fp8-dot", action="store_true", help="FP8 keys dequantised to fp16 (fp8_dot=False)")
     ap.add_argument("--split", action="store_true", help="the split-KV variant (partials out)")
+    ap.add_argument("--head-dim", type=int, default=128, help="a power of two (the launcher pads others)")
     args = ap.parse_args()
-    k = compile_kernel(args.format, args.rows, args.block_n, args.warps, args.stages, not args.no_fp8_dot, args.split)
+    k = compile_kernel(args.format, args.rows, args.block_n, args.warps, args.stages, not args.no_fp8_dot, args.split,
+                       args.head_dim)
     bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     with tempfile.TemporaryDirectory() as tmp:
         ptx, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")

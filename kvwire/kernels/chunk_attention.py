@@ -399,10 +399,11 @@ def default_splits(programs: int, stored_tokens: int, device: torch.device, per_
 
 
 def default_tile(page_format: PageFormat, device: torch.device) -> tuple[int, int, int, int]:
-    """(rows, keys per tile, warps, stages) on the GPU: COMPACT_TILE for FP8/NVFP4 keys and values,
-    CHUNK_TILE otherwise."""
+    """(rows, keys per tile, warps, stages) on the GPU: COMPACT_TILE for FP8/NVFP4 keys and values
+    with heads of 64 or more, CHUNK_TILE otherwise (Triton 3.6 fails to lay out the 4-warp tile's
+    NVFP4 dot operands for heads of 16 or 32: "Illegal shared layout", scripts/chunk_sass.py)."""
     kv = page_format.kv
-    if ElementType.BF16 in (kv.key.element, kv.value.element) or device.type != "cuda":
+    if ElementType.BF16 in (kv.key.element, kv.value.element) or device.type != "cuda" or page_format.head_dim < 64:
         return CHUNK_TILE
     return COMPACT_TILE
 

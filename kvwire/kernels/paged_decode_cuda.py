@@ -45,7 +45,8 @@ MIN_PAGES_PER_WARP = 8
 # - STAGES = slots of each warp's shared-memory page ring, filled by the bulk-copy engine (0: pages
 #   are loaded straight into registers). sm_90+ only: kernel_for uses 0 on older GPUs.
 # - PROBE_LOADS = 1 builds a timing probe of the memory path (no attention, meaningless output);
-#   only sweeps set it (scripts/gpu/cuda_decode.sh VARIANTS).
+#   only sweeps set it (scripts/gpu/cuda_decode.sh VARIANTS). PROBE_WHOLEPAGE = 1 (with NW = the KV
+#   head count) times the probe with one block per split walking whole pages, one warp per head.
 # - HEADS_FASTEST = 1 orders the grid so that one split's KV-head blocks are adjacent (they then
 #   read the head slices of the same pages at about the same time); 0: a head's splits adjacent.
 DEFAULT_TUNING: dict[str, int] = {"DEPTH": 1, "MINB": 5, "PREF": 0, "LAZYMAX": 5, "QSMEM": 1, "SCALESHFL": 1,
@@ -203,11 +204,13 @@ def split_partials(kernels: DecodeKernels, q: torch.Tensor, storage: torch.Tenso
             ptr(part_acc.data_ptr()), ptr(part_m.data_ptr()), ptr(part_l.data_ptr()),
             i32(splits), ctypes.c_float(qk_scale),
             *[i64(o) for o in kd], *[i64(o) for o in vd]]
-    if kern.defines.get("HEADS_FASTEST"):
+    if kern.defines.get("PROBE_WHOLEPAGE"):
+        grid = (splits, bsz, 1)
+    elif kern.defines.get("HEADS_FASTEST"):
         grid = (splits * f.num_kv_heads, bsz, 1)
     else:
         grid = (splits, bsz * f.num_kv_heads, 1)
-    kern.launch(grid, (32 * num_warps, 1, 1), args)
+    kern.launch(grid, (32 * kern.defines.get("NW", num_warps), 1, 1), args)
 
 
 __all__ = ["DecodeKernels", "NvrtcUnavailableError", "deep_grid_stages", "default_splits", "dependent_launch", "kernel_for",

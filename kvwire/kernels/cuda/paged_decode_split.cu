@@ -8,7 +8,8 @@
 //   scales by one load and shuffles, decode_page_regs.cuh), STAGES (0: pages loaded straight into
 //   registers; n > 0: through an n-slot shared-memory ring per warp filled by the bulk-copy
 //   engine, page_staging.cuh; sm_90+), PROBE_LOADS (a timing probe of the memory path alone),
-//   HEADS_FASTEST (grid order: a split's KV heads adjacent; the launcher shapes the grid to match).
+//   HEADS_FASTEST (grid order: a split's KV heads adjacent; the launcher shapes the grid to match),
+//   PROBE_WHOLEPAGE (the probe with one block per split and one warp per KV head: whole pages).
 // It writes the same partial results (m, l, acc per split and query head, log2 units) as the
 // Triton split kernel, so the Triton reduce kernel attends the bf16 tail and merges the splits.
 //
@@ -61,6 +62,13 @@
 #ifndef HEADS_FASTEST
 #define HEADS_FASTEST 0
 #endif
+#ifndef PROBE_WHOLEPAGE
+#define PROBE_WHOLEPAGE 0
+#endif
+#if PROBE_WHOLEPAGE && (NW != H || STAGES || !PROBE_LOADS)
+#error "PROBE_WHOLEPAGE is a variant of the PROBE_LOADS probe with one warp per KV head (NW = H), registers only"
+#endif
+#define PSTRIDE (PROBE_WHOLEPAGE ? 1 : NW)  // pages between one warp's consecutive pages
 
 #include "decode_page_regs.cuh"      // fragment_ops.cuh, ptx_common.cuh through it
 #if STAGES
@@ -273,7 +281,14 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
 #define SM_M(w, j) sm_m[w][j]
 #define SM_L(w, j) sm_l[w][j]
 
-#if HEADS_FASTEST
+#if PROBE_WHOLEPAGE
+    // grid (splits, B), one warp per KV head: the block's warps walk the same pages together, so
+    // each page's head slices are read as one contiguous run per section.
+    const int pid_s = blockIdx.x;
+    const int b = blockIdx.y;
+    const int h = threadIdx.x >> 5;
+    const int pid_bh = b * H + h;
+#elif HEADS_FASTEST
     // grid (H * splits, B): the blocks of one split of one sequence, one per KV head, are adjacent
     // in launch order, so they run together and read the head slices of the same pages together.
     const int pid_s = blockIdx.x / H;
@@ -355,7 +370,7 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
 #pragma unroll
     for (int i = 0; i < MTILES; ++i) st.acc[i][0] = st.acc[i][1] = st.acc[i][2] = st.acc[i][3] = 0.f;
     const int* pt = page_table + (i64)b * spt_b;
-    const int first = p0 + warp;
+    const int first = p0 + (PROBE_WHOLEPAGE ? 0 : warp);
 #if STAGES
     // ---- pages through this warp's shared-memory ring (page_staging.cuh) ----
     const u32 ring = smem_addr(sm_pool) + warp * (STAGES * SLOT_BYTES);
@@ -399,30 +414,30 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
     PageRegs ring[DEPTH];            // DEPTH - 1 pages in flight while one is attended (unrolled: no copies)
 #pragma unroll
     for (int k = 0; k < DEPTH - 1; ++k) {
-        const int pg = first + k * NW;
+        const int pg = first + k * PSTRIDE;
         if (pg < p1) load_page<FromGlobal>(ring[k], page_at(storage, pt[pg], page_bytes), off);
     }
-    int id_ring = first + (DEPTH - 1) * NW < p1 ? pt[first + (DEPTH - 1) * NW] : 0;
+    int id_ring = first + (DEPTH - 1) * PSTRIDE < p1 ? pt[first + (DEPTH - 1) * PSTRIDE] : 0;
 #if PREF > 0
 #pragma unroll
     for (int k = 0; k < PREF; ++k) {
-        const int pg = first + (DEPTH - 1 + k) * NW;
+        const int pg = first + (DEPTH - 1 + k) * PSTRIDE;
         if (pg < p1 && pf_line >= 0) prefetch_l2(page_at(storage, pt[pg], page_bytes) + pf_line);
     }
-    int id_pref = first + (DEPTH - 1 + PREF) * NW < p1 ? pt[first + (DEPTH - 1 + PREF) * NW] : 0;
+    int id_pref = first + (DEPTH - 1 + PREF) * PSTRIDE < p1 ? pt[first + (DEPTH - 1 + PREF) * PSTRIDE] : 0;
 #endif
-    for (int base = first; base < p1; base += DEPTH * NW) {
+    for (int base = first; base < p1; base += DEPTH * PSTRIDE) {
 #pragma unroll
         for (int k = 0; k < DEPTH; ++k) {
-            const int pg = base + k * NW;
+            const int pg = base + k * PSTRIDE;
             if (pg < p1) {
-                const int pf = pg + (DEPTH - 1) * NW;
+                const int pf = pg + (DEPTH - 1) * PSTRIDE;
                 if (pf < p1) load_page<FromGlobal>(ring[(k + DEPTH - 1) % DEPTH], page_at(storage, id_ring, page_bytes), off);
-                id_ring = pf + NW < p1 ? pt[pf + NW] : 0;
+                id_ring = pf + PSTRIDE < p1 ? pt[pf + PSTRIDE] : 0;
 #if PREF > 0
-                const int pp = pf + PREF * NW;
+                const int pp = pf + PREF * PSTRIDE;
                 if (pp < p1 && pf_line >= 0) prefetch_l2(page_at(storage, id_pref, page_bytes) + pf_line);
-                id_pref = pp + NW < p1 ? pt[pp + NW] : 0;
+                id_pref = pp + PSTRIDE < p1 ? pt[pp + PSTRIDE] : 0;
 #endif
                 ATTEND(ring[k]);
             }
@@ -430,6 +445,10 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
     }
 #endif
 
+#if PROBE_WHOLEPAGE
+    if (lane == 0) part_acc[((i64)pid_bh * num_splits + pid_s) * G * D] = st.acc[0][0];
+    return;
+#endif
     // ---- this warp's partial: sums over lanes, value scales, then the block's merge ----
 #pragma unroll
     for (int x = 4; x < 32; x <<= 1) { st.l0 += shfl_xor(st.l0, x); st.l1 += shfl_xor(st.l1, x); }

@@ -124,6 +124,8 @@ class DecodeKernels:
 
 def kernels_for(page_format: PageFormat, num_q_heads: int, q_dtype: torch.dtype,
                 device: torch.device) -> DecodeKernels:
+    """The regular kernel and, where ``deep_grid_stages`` names a ring (on sm_90+), the staged one
+    with the grid size from which it runs: DEEP_GRID_WAVES full waves of the GPU."""
     regular = kernel_for(page_format, num_q_heads, q_dtype, device)
     stages = deep_grid_stages(page_format) if torch.cuda.get_device_capability(device) >= (9, 0) else 0
     if not stages:

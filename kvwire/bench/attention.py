@@ -160,6 +160,17 @@ def copies_for(nbytes: int) -> int:
     return max(1, min(16, -(-ROTATE_BYTES // max(nbytes, 1))))
 
 
+def rotated_copies(prob: Problem, page_format, batch: int, context: int, num_q_heads: int = 32,
+                   device: str = "cuda") -> tuple[list[Problem], int]:
+    """``prob`` and seeded copies of it that together exceed the L2 cache (for ``time_graph``), and
+    the KV bytes one call reads."""
+    from kvwire.kernels.paged_decode import kv_bytes_read
+    nbytes = kv_bytes_read(page_format, prob.total_pages, prob.tail_tokens)
+    copies = [build_problem(page_format, batch, context, num_q_heads, device, seed=i + 1)
+              for i in range(copies_for(nbytes) - 1)]
+    return [prob] + copies, nbytes
+
+
 def copy_bandwidth(nbytes: int = 4 << 30, device: str = "cuda") -> dict:
     """Device-to-device copy of ``nbytes``: TB/s counting read + write (the floor's bandwidth)."""
     a = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).normal_()
@@ -228,7 +239,7 @@ def _dequant_then_sdpa(prob: Problem, page_format):
 def run(args) -> dict:
     from kvwire.errors import NoGpuError
     from kvwire.formats import KVFormat, PageFormat
-    from kvwire.kernels.paged_decode import kv_bytes_read, paged_decode_attention
+    from kvwire.kernels.paged_decode import paged_decode_attention
 
     if not torch.cuda.is_available():
         raise NoGpuError("kvwire bench attention needs a CUDA GPU (torch sees none here)")
@@ -260,9 +271,7 @@ def run(args) -> dict:
                       f"{'not covered by the CUDA kernel' if kernel is None else 'already timed'}, skipped", flush=True)
                 continue
             timed.add((f.name, kernel))
-            nbytes = kv_bytes_read(f, prob.total_pages, prob.tail_tokens)
-            probs = [prob] + [build_problem(f, batch, context, hq, dev, seed=i + 1)
-                              for i in range(copies_for(nbytes) - 1)]
+            probs, nbytes = rotated_copies(prob, f, batch, context, hq, dev)
             fns = [(lambda pr=pr: paged_decode_attention(*pr.args, out=pr.out, backend=backend)) for pr in probs]
             fns[0]()
             torch.cuda.synchronize()

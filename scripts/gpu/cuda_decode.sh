@@ -25,10 +25,10 @@ if [ -z "${SKIP_BENCH:-}" ]; then
 fi
 python3 - "$FORMATS" "$SHAPES" "$SPLITS" "$VARIANTS" <<'PY' 2>&1 | tee "$OUT/sweep.txt"
 import sys, torch
-from kvwire.bench.attention import build_problem, copies_for, parse_shape, time_graph, time_sdpa
+from kvwire.bench.attention import build_problem, parse_shape, rotated_copies, time_graph, time_sdpa
 from kvwire.formats import KVFormat, PageFormat
 from kvwire.kernels import paged_decode_cuda as pdc
-from kvwire.kernels.paged_decode import kv_bytes_read, paged_decode_attention
+from kvwire.kernels.paged_decode import paged_decode_attention
 formats, shapes = sys.argv[1].split(","), [parse_shape(s) for s in sys.argv[2].split(",")]
 splits, variants = [int(s) for s in sys.argv[3].split()], sys.argv[4].split()
 for b, ctx in shapes:
@@ -37,8 +37,7 @@ for b, ctx in shapes:
     for name in formats:
         f = PageFormat(KVFormat.parse(name), 16, 1, 8, 128)
         prob = build_problem(f, b, ctx, 32, "cuda")
-        nbytes = kv_bytes_read(f, prob.total_pages, prob.tail_tokens)
-        probs = [prob] + [build_problem(f, b, ctx, 32, "cuda", seed=i + 1) for i in range(copies_for(nbytes) - 1)]
+        probs, nbytes = rotated_copies(prob, f, b, ctx, 32, "cuda")
         for var in variants:
             pdc.TUNING.clear()
             if var != "default":

@@ -6,10 +6,10 @@ import sys
 
 import torch
 
-from kvwire.bench.attention import build_problem, copies_for, parse_shape, time_graph, time_sdpa
+from kvwire.bench.attention import build_problem, parse_shape, rotated_copies, time_graph, time_sdpa
 from kvwire.formats import KVFormat, PageFormat
 from kvwire.kernels import paged_decode_cuda as pdc
-from kvwire.kernels.paged_decode import kv_bytes_read, paged_decode_attention
+from kvwire.kernels.paged_decode import paged_decode_attention
 
 
 def placed(prob, run: int, seed: int):
@@ -36,8 +36,7 @@ print(f"{b}x{ctx} bf16 SDPA {sdpa:.4f} ms", flush=True)
 for name in formats:
     f = PageFormat(KVFormat.parse(name), 16, 1, 8, 128)
     prob = build_problem(f, b, ctx, 32, "cuda")
-    nbytes = kv_bytes_read(f, prob.total_pages, prob.tail_tokens)
-    probs = [prob] + [build_problem(f, b, ctx, 32, "cuda", seed=i + 1) for i in range(copies_for(nbytes) - 1)]
+    probs, nbytes = rotated_copies(prob, f, b, ctx, 32, "cuda")
     for rnd in range(2):
         for probe in (0, 1):
             pdc.TUNING.clear()

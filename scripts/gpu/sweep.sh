@@ -9,16 +9,15 @@ SHAPE=${2:-32x32k}
 CONFIGS=${3:-"32:4:3:1 64:4:3:1 128:4:3:0"}
 python3 - "$FORMATS" "$SHAPE" "$CONFIGS" <<'PY'
 import sys, time, torch
-from kvwire.bench.attention import build_problem, copies_for, parse_shape, time_graph
+from kvwire.bench.attention import build_problem, parse_shape, rotated_copies, time_graph
 from kvwire.formats import KVFormat, PageFormat
-from kvwire.kernels.paged_decode import kv_bytes_read, paged_decode_attention, default_config
+from kvwire.kernels.paged_decode import paged_decode_attention, default_config
 formats, shape, configs = sys.argv[1].split(","), parse_shape(sys.argv[2]), sys.argv[3].split()
 b, ctx = shape
 for name in formats:
     f = PageFormat(KVFormat.parse(name), 16, 1, 8, 128)
     prob = build_problem(f, b, ctx, 32, "cuda")
-    nbytes = kv_bytes_read(f, prob.total_pages, prob.tail_tokens)
-    probs = [prob] + [build_problem(f, b, ctx, 32, "cuda", seed=i + 1) for i in range(copies_for(nbytes) - 1)]
+    probs, nbytes = rotated_copies(prob, f, b, ctx, 32, "cuda")
     print(name, "default", default_config(f, b, prob.args[4].shape[1], torch.device("cuda")), flush=True)
     for c in configs:
         parts = [int(x) for x in c.split(":")]

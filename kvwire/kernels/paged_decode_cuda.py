@@ -47,10 +47,8 @@ MIN_PAGES_PER_WARP = 8
 # - PROBE_LOADS = 1 builds a timing probe of the memory path (no attention, meaningless output);
 #   only sweeps set it (scripts/gpu/cuda_decode.sh VARIANTS). PROBE_WHOLEPAGE = 1 (with NW = the KV
 #   head count) times the probe with one block per split walking whole pages, one warp per head.
-# - HEADS_FASTEST = 1 orders the grid so that one split's KV-head blocks are adjacent (they then
-#   read the head slices of the same pages at about the same time); 0: a head's splits adjacent.
 DEFAULT_TUNING: dict[str, int] = {"DEPTH": 1, "MINB": 5, "PREF": 0, "LAZYMAX": 5, "QSMEM": 1, "SCALESHFL": 1,
-                                  "STAGES": 0, "HEADS_FASTEST": 0}
+                                  "STAGES": 0}
 # Per (key, value) element type overrides of the defaults (none measured better today).
 FORMAT_TUNING: dict[tuple[ElementType, ElementType], dict[str, int]] = {}
 # Overrides on top of both, for benchmarks, sweeps and tests of other variants.
@@ -78,12 +76,13 @@ def tuning_for(page_format: PageFormat) -> dict[str, int]:
 
 
 def kernel_for(page_format: PageFormat, num_q_heads: int, q_dtype: torch.dtype,
-               device: torch.device, num_warps: int = NUM_WARPS) -> CudaKernel:
+               device: torch.device, overrides: dict[str, int] | None = None) -> CudaKernel:
+    """The split kernel compiled with ``tuning_for`` plus ``overrides`` (STAGES is 0 before sm_90)."""
     f = page_format
     defines = {
-        "H": f.num_kv_heads, "G": num_q_heads // f.num_kv_heads, "D": f.head_dim, "NW": num_warps,
+        "H": f.num_kv_heads, "G": num_q_heads // f.num_kv_heads, "D": f.head_dim, "NW": NUM_WARPS,
         "KELEM": elem_code(f.kv.key), "KGRAN": gran_code(f.kv.key), "VELEM": elem_code(f.kv.value),
-        "VGRAN": gran_code(f.kv.value), "QF32": int(q_dtype == torch.float32), **tuning_for(f),
+        "VGRAN": gran_code(f.kv.value), "QF32": int(q_dtype == torch.float32), **tuning_for(f), **(overrides or {}),
     }
     if torch.cuda.get_device_capability(device) < (9, 0):
         defines["STAGES"] = 0                      # the bulk-copy engine is sm_90+
@@ -127,12 +126,12 @@ def kernels_for(page_format: PageFormat, num_q_heads: int, q_dtype: torch.dtype,
     """The regular kernel and, where ``deep_grid_stages`` names a ring (on sm_90+), the staged one
     with the grid size from which it runs: DEEP_GRID_WAVES full waves of the GPU."""
     regular = kernel_for(page_format, num_q_heads, q_dtype, device)
-    stages = deep_grid_stages(page_format) if torch.cuda.get_device_capability(device) >= (9, 0) else 0
-    if not stages:
+    stages = deep_grid_stages(page_format)
+    deep = kernel_for(page_format, num_q_heads, q_dtype, device, {"STAGES": stages}) if stages else None
+    if deep is None or not deep.defines["STAGES"]:
         return DecodeKernels(regular)
-    deep = load_kernel(SOURCE, KERNEL, {**regular.defines, "STAGES": stages}, device)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return DecodeKernels(regular, deep, DEEP_GRID_WAVES * sms * max(1, deep.blocks_per_sm(32 * NUM_WARPS)))
+    return DecodeKernels(regular, deep, DEEP_GRID_WAVES * sms * max(1, deep.blocks_per_sm(32 * deep.defines["NW"])))
 
 
 def select(backend: str, page_format: PageFormat, num_q_heads: int, q: torch.Tensor,
@@ -184,8 +183,7 @@ def default_splits(kernel: CudaKernel, batch: int, kv_heads: int, max_pages: int
 def split_partials(kernels: DecodeKernels, q: torch.Tensor, storage: torch.Tensor, page_format: PageFormat, layer: int,
                    page_table: torch.Tensor, num_pages: torch.Tensor, static: torch.Tensor,
                    part_acc: torch.Tensor, part_m: torch.Tensor, part_l: torch.Tensor, splits: int,
-                   qk_scale: float, offsets: tuple[tuple[int, ...], tuple[int, ...]],
-                   num_warps: int = NUM_WARPS) -> None:
+                   qk_scale: float, offsets: tuple[tuple[int, ...], tuple[int, ...]]) -> None:
     """Fill the partials [B*H*splits*G, D] / [B*H*splits*G] exactly as the Triton split kernel does."""
     f = page_format
     bsz = q.shape[0]
@@ -206,13 +204,8 @@ def split_partials(kernels: DecodeKernels, q: torch.Tensor, storage: torch.Tenso
             ptr(part_acc.data_ptr()), ptr(part_m.data_ptr()), ptr(part_l.data_ptr()),
             i32(splits), ctypes.c_float(qk_scale),
             *[i64(o) for o in kd], *[i64(o) for o in vd]]
-    if kern.defines.get("PROBE_WHOLEPAGE"):
-        grid = (splits, bsz, 1)
-    elif kern.defines.get("HEADS_FASTEST"):
-        grid = (splits * f.num_kv_heads, bsz, 1)
-    else:
-        grid = (splits, bsz * f.num_kv_heads, 1)
-    kern.launch(grid, (32 * kern.defines.get("NW", num_warps), 1, 1), args)
+    grid = (splits, bsz, 1) if kern.defines.get("PROBE_WHOLEPAGE") else (splits, bsz * f.num_kv_heads, 1)
+    kern.launch(grid, (32 * kern.defines["NW"], 1, 1), args)
 
 
 __all__ = ["DecodeKernels", "NvrtcUnavailableError", "deep_grid_stages", "default_splits", "dependent_launch", "kernel_for",

@@ -16,17 +16,15 @@ from .test_gpu import _check_decode, _decode_problem
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 DEV = "cuda"
 VARIANTS = [{}, {"DEPTH": 2, "MINB": 1}, {"DEPTH": 3, "MINB": 1}, {"PREF": 2}, {"LAZYMAX": 0},
-            {"QSMEM": 0, "MINB": 4}, {"SCALESHFL": 0}, {"STAGES": 0}, {"STAGES": 1}, {"STAGES": 2},
-            {"HEADS_FASTEST": 1}]
+            {"QSMEM": 0, "MINB": 4}, {"SCALESHFL": 0}, {"STAGES": 0}, {"STAGES": 1}, {"STAGES": 2}]
 
 
 @pytest.fixture(params=VARIANTS, ids=["default", "depth-2", "depth-3", "l2-prefetch", "exact-max", "q-in-registers",
-                                      "scale-loads", "registers", "staged-1", "staged-2", "heads-fastest"])
+                                      "scale-loads", "registers", "staged-1", "staged-2"])
 def variant(request, monkeypatch):
     """The shipped tuning, then other code paths: register rings of 2 and 3 pages, the L2
     prefetch, the exact running max, q in registers, fp8-token scales by one load each, pages
-    loaded straight into registers, shared-memory page rings of 1 and 2 slots, and the grid with
-    a split's KV heads adjacent."""
+    loaded straight into registers, and shared-memory page rings of 1 and 2 slots."""
     tuning = dict(paged_decode_cuda.TUNING)
     tuning.update(request.param)
     monkeypatch.setattr(paged_decode_cuda, "TUNING", tuning)

@@ -8,7 +8,6 @@
 //   scales by one load and shuffles, decode_page_regs.cuh), STAGES (0: pages loaded straight into
 //   registers; n > 0: through an n-slot shared-memory ring per warp filled by the bulk-copy
 //   engine, page_staging.cuh; sm_90+), PROBE_LOADS (a timing probe of the memory path alone),
-//   HEADS_FASTEST (grid order: a split's KV heads adjacent; the launcher shapes the grid to match),
 //   PROBE_WHOLEPAGE (the probe with one block per split and one warp per KV head: whole pages).
 // It writes the same partial results (m, l, acc per split and query head, log2 units) as the
 // Triton split kernel, so the Triton reduce kernel attends the bf16 tail and merges the splits.
@@ -58,9 +57,6 @@
 #endif
 #ifndef PROBE_LOADS
 #define PROBE_LOADS 0
-#endif
-#ifndef HEADS_FASTEST
-#define HEADS_FASTEST 0
 #endif
 #ifndef PROBE_WHOLEPAGE
 #define PROBE_WHOLEPAGE 0
@@ -287,13 +283,6 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
     const int pid_s = blockIdx.x;
     const int b = blockIdx.y;
     const int h = threadIdx.x >> 5;
-    const int pid_bh = b * H + h;
-#elif HEADS_FASTEST
-    // grid (H * splits, B): the blocks of one split of one sequence, one per KV head, are adjacent
-    // in launch order, so they run together and read the head slices of the same pages together.
-    const int pid_s = blockIdx.x / H;
-    const int h = blockIdx.x % H;
-    const int b = blockIdx.y;
     const int pid_bh = b * H + h;
 #else
     const int pid_s = blockIdx.x;                 // grid (splits, B * H)

@@ -287,6 +287,8 @@ def paged_decode_attention(q: torch.Tensor, storage: torch.Tensor, page_format: 
     if bsz == 0:
         return out
     if not use_triton(storage):
+        if backend == "cuda":      # no silent fallback: select raises its "does not cover" error
+            paged_decode_cuda.select(backend, f, hq, q, eligible=False)
         out.copy_(paged_decode_reference(q, storage, f, layer, page_table, num_pages, tail, tail_slot,
                                          tail_len, static_scales))
         return out

@@ -44,11 +44,15 @@ MIN_PAGES_PER_WARP = 8
 #   0.5526-0.5611; about 1% (docs/bench-runs/2026-12-04-cuda-decode-scaleshfl.txt).
 # - STAGES = slots of each warp's shared-memory page ring, filled by the bulk-copy engine (0: pages
 #   are loaded straight into registers). sm_90+ only: kernel_for uses 0 on older GPUs.
+# - WHOLEPAGE = 1: a block is NW consecutive KV heads of one sequence and split, one warp each, all
+#   walking the split's pages together (each page's sections read as contiguous runs, and with
+#   STAGES one bulk copy per section for the whole block); 0: a block is NW warps of one KV head
+#   taking turns over the pages, merged in the block. NW is then the largest divisor of H up to
+#   NW. REFILL_LAG: with STAGES, how far the block ring's slowest warp may trail (1 <= .. < STAGES).
 # - PROBE_LOADS = 1 builds a timing probe of the memory path (no attention, meaningless output);
-#   only sweeps set it (scripts/gpu/cuda_decode.sh VARIANTS). PROBE_WHOLEPAGE = 1 (with NW = the KV
-#   head count) times the probe with one block per split walking whole pages, one warp per head.
+#   only sweeps set it (scripts/gpu/cuda_decode.sh VARIANTS).
 DEFAULT_TUNING: dict[str, int] = {"DEPTH": 1, "MINB": 5, "PREF": 0, "LAZYMAX": 5, "QSMEM": 1, "SCALESHFL": 1,
-                                  "STAGES": 0}
+                                  "STAGES": 0, "WHOLEPAGE": 0}
 # Per (key, value) element type overrides of the defaults (none measured better today).
 FORMAT_TUNING: dict[tuple[ElementType, ElementType], dict[str, int]] = {}
 # Overrides on top of both, for benchmarks, sweeps and tests of other variants.
@@ -86,7 +90,20 @@ def kernel_for(page_format: PageFormat, num_q_heads: int, q_dtype: torch.dtype,
     }
     if torch.cuda.get_device_capability(device) < (9, 0):
         defines["STAGES"] = 0                      # the bulk-copy engine is sm_90+
+    if defines["WHOLEPAGE"]:
+        defines["NW"] = heads_per_block(f.num_kv_heads, defines["NW"])
     return load_kernel(SOURCE, KERNEL, defines, device)
+
+
+def heads_per_block(kv_heads: int, most: int) -> int:
+    """The KV heads of one WHOLEPAGE block: the largest divisor of ``kv_heads`` up to ``most``."""
+    return max(n for n in range(1, min(most, kv_heads) + 1) if kv_heads % n == 0)
+
+
+def grid(kernel: CudaKernel, splits: int, batch: int, kv_heads: int) -> tuple[int, int, int]:
+    """The launch grid: (splits, one row per KV head, or WHOLEPAGE: per block of NW heads)."""
+    per_block = kernel.defines["NW"] if kernel.defines.get("WHOLEPAGE") else 1
+    return (splits, batch * kv_heads // per_block, 1)
 
 
 # Deep grids take the shared-memory page ring (STAGES=DEEP_GRID_STAGES) for fp8-token pages (token
@@ -99,25 +116,29 @@ DEEP_GRID_WAVES = 6
 
 
 def deep_grid_stages(page_format: PageFormat) -> int:
-    """Ring slots for this format's deep grids (0: none), unless TUNING sets STAGES itself."""
+    """Ring slots for this format's deep grids (0: none), unless TUNING sets STAGES itself or the
+    tuning uses whole-page blocks (the per-warp ring is what was measured)."""
     kv = page_format.kv
     token_fp8 = all(t.element is ElementType.FP8 and t.granularity is Granularity.TOKEN for t in (kv.key, kv.value))
-    return DEEP_GRID_STAGES if token_fp8 and "STAGES" not in TUNING else 0
+    per_warp = not tuning_for(page_format)["WHOLEPAGE"]
+    return DEEP_GRID_STAGES if token_fp8 and per_warp and "STAGES" not in TUNING else 0
 
 
 @dataclass(frozen=True)
 class DecodeKernels:
     """One format's split kernels: ``regular`` (tuning_for), and ``deep_grid`` (the staged ring,
-    or None) for grids of at least ``deep_grid_blocks`` blocks. Both are compiled when selected,
-    so that a launch never compiles (which CUDA-graph capture would not allow)."""
+    or None) for launches of at least ``deep_grid_blocks`` blocks of its own. Both are compiled
+    when selected, so that a launch never compiles (which CUDA-graph capture would not allow)."""
 
     regular: CudaKernel
     deep_grid: CudaKernel | None = None
     deep_grid_blocks: int = 0
 
-    def for_grid(self, blocks: int) -> CudaKernel:
-        if self.deep_grid is not None and blocks >= self.deep_grid_blocks:
-            return self.deep_grid
+    def for_launch(self, splits: int, batch: int, kv_heads: int) -> CudaKernel:
+        if self.deep_grid is not None:
+            g = grid(self.deep_grid, splits, batch, kv_heads)
+            if g[0] * g[1] >= self.deep_grid_blocks:
+                return self.deep_grid
         return self.regular
 
 
@@ -159,8 +180,7 @@ def dependent_launch(device: torch.device) -> bool:
     return DEPENDENT_LAUNCH and torch.cuda.get_device_capability(device) >= (9, 0)
 
 
-def default_splits(kernel: CudaKernel, batch: int, kv_heads: int, max_pages: int, device: torch.device,
-                   num_warps: int = NUM_WARPS) -> int:
+def default_splits(kernel: CudaKernel, batch: int, kv_heads: int, max_pages: int, device: torch.device) -> int:
     """Split count: the fewest splits whose blocks fill whole waves of the GPU best.
 
     A wave is (SMs x resident blocks per SM) blocks. Too few blocks leave SMs idle and a last,
@@ -168,9 +188,11 @@ def default_splits(kernel: CudaKernel, batch: int, kv_heads: int, max_pages: int
     maximises blocks / (waves x wave size); ties go to fewer splits (fewer partials to merge).
     """
     sms = torch.cuda.get_device_properties(device).multi_processor_count
+    num_warps = kernel.defines["NW"]
     wave = sms * max(1, kernel.blocks_per_sm(32 * num_warps))
-    rows = batch * kv_heads
-    cap = max(1, -(-max_pages // (num_warps * MIN_PAGES_PER_WARP)))
+    rows = grid(kernel, 1, batch, kv_heads)[1]
+    warps_per_split = 1 if kernel.defines.get("WHOLEPAGE") else num_warps    # warps sharing one split's pages
+    cap = max(1, -(-max_pages // (warps_per_split * MIN_PAGES_PER_WARP)))
     best, best_eff = 1, 0.0
     for s in range(1, cap + 1):
         blocks = rows * s
@@ -196,7 +218,7 @@ def split_partials(kernels: DecodeKernels, q: torch.Tensor, storage: torch.Tenso
         raise ValueError(f"the CUDA kernel addresses pages with 32-bit sizes; {f.name} pages are {f.page_bytes} bytes")
     i64, i32, ptr = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
     kd, vd = offsets
-    kern = kernels.for_grid(splits * bsz * f.num_kv_heads)
+    kern = kernels.for_launch(splits, bsz, f.num_kv_heads)
     args = [ptr(q.data_ptr()), i64(q.stride(0)), i64(q.stride(1)),
             ptr(storage.data_ptr()), i64(f.page_bytes),
             ptr(page_table.data_ptr()), i64(page_table.stride(0)), ptr(num_pages.data_ptr()),
@@ -204,10 +226,9 @@ def split_partials(kernels: DecodeKernels, q: torch.Tensor, storage: torch.Tenso
             ptr(part_acc.data_ptr()), ptr(part_m.data_ptr()), ptr(part_l.data_ptr()),
             i32(splits), ctypes.c_float(qk_scale),
             *[i64(o) for o in kd], *[i64(o) for o in vd]]
-    grid = (splits, bsz, 1) if kern.defines.get("PROBE_WHOLEPAGE") else (splits, bsz * f.num_kv_heads, 1)
-    kern.launch(grid, (32 * kern.defines["NW"], 1, 1), args)
+    kern.launch(grid(kern, splits, bsz, f.num_kv_heads), (32 * kern.defines["NW"], 1, 1), args)
 
 
-__all__ = ["DecodeKernels", "NvrtcUnavailableError", "deep_grid_stages", "default_splits", "dependent_launch", "kernel_for",
-           "kernels_for", "select", "split_partials", "supports",
+__all__ = ["DecodeKernels", "NvrtcUnavailableError", "deep_grid_stages", "default_splits", "dependent_launch", "grid",
+           "heads_per_block", "kernel_for", "kernels_for", "select", "split_partials", "supports",
            "tuning_for"]

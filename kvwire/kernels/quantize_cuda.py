@@ -97,7 +97,7 @@ def launch(kern: CudaKernel, page_format: PageFormat, part: int, x: torch.Tensor
         raise ValueError("page_ids must be contiguous int64 for the CUDA kernel")
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     data_off, s_off, bs_off, gs_off = offsets
-    threads = f.page_size * f.head_dim // (8 * chunks_per_thread(f, part))
+    threads = f.page_size * f.head_dim // (8 * kern.defines["CPL"])
     args = [ptr(x.data_ptr()), i64(x.stride(0)), i64(x.stride(1)), i64(x.stride(2)), ptr(page_ids.data_ptr()),
             ptr(storage.data_ptr()), i64(f.page_bytes), i64(data_off), i64(s_off), i64(bs_off), i64(gs_off),
             ptr(static.data_ptr()), ptr(flag.data_ptr())]

@@ -81,12 +81,26 @@ def test_deep_grids_stage_only_fp8_token_pages(monkeypatch):
         assert paged_decode_cuda.deep_grid_stages(make_format(name)) == 0, name
     monkeypatch.setattr(paged_decode_cuda, "TUNING", {"STAGES": 0})
     assert paged_decode_cuda.deep_grid_stages(make_format("fp8-token")) == 0
+    monkeypatch.setattr(paged_decode_cuda, "TUNING", {"WHOLEPAGE": 1})
+    assert paged_decode_cuda.deep_grid_stages(make_format("fp8-token")) == 0
 
 
 def test_decode_kernels_pick_the_staged_ring_from_the_grid_depth():
     from kvwire.kernels.nvrtc import CudaKernel
-    regular, deep = CudaKernel(None, None, 96), CudaKernel(None, None, 88)
+    regular, deep = CudaKernel(None, None, 96, {"NW": 4}), CudaKernel(None, None, 88, {"NW": 4})
     both = paged_decode_cuda.DecodeKernels(regular, deep, deep_grid_blocks=3960)
-    assert both.for_grid(3959) is regular
-    assert both.for_grid(3960) is deep
-    assert paged_decode_cuda.DecodeKernels(regular).for_grid(10**6) is regular
+    assert both.for_launch(495, 1, 8) is deep                  # 495 x 8 blocks
+    assert both.for_launch(494, 1, 8) is regular
+    assert paged_decode_cuda.DecodeKernels(regular).for_launch(10**6, 1, 8) is regular
+    # whole-page blocks hold NW KV heads: a quarter of the blocks for the same launch
+    whole = CudaKernel(None, None, 88, {"NW": 4, "WHOLEPAGE": 1})
+    assert paged_decode_cuda.DecodeKernels(regular, whole, deep_grid_blocks=3960).for_launch(495, 1, 8) is regular
+    assert paged_decode_cuda.DecodeKernels(regular, whole, deep_grid_blocks=3960).for_launch(1980, 1, 8) is whole
+
+
+def test_whole_page_blocks_take_a_divisor_of_the_kv_heads():
+    assert [paged_decode_cuda.heads_per_block(h, 4) for h in (1, 2, 3, 4, 6, 8, 9, 32)] == [1, 2, 3, 4, 3, 4, 3, 4]
+    assert paged_decode_cuda.heads_per_block(8, 8) == 8
+    from kvwire.kernels.nvrtc import CudaKernel
+    assert paged_decode_cuda.grid(CudaKernel(None, None, 96, {"NW": 3, "WHOLEPAGE": 1}), 5, 2, 9) == (5, 6, 1)
+    assert paged_decode_cuda.grid(CudaKernel(None, None, 96, {"NW": 4}), 5, 2, 9) == (5, 18, 1)

@@ -16,15 +16,22 @@ from .test_gpu import _check_decode, _decode_problem
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 DEV = "cuda"
 VARIANTS = [{}, {"DEPTH": 2, "MINB": 1}, {"DEPTH": 3, "MINB": 1}, {"PREF": 2}, {"LAZYMAX": 0},
-            {"QSMEM": 0, "MINB": 4}, {"SCALESHFL": 0}, {"STAGES": 0}, {"STAGES": 1}, {"STAGES": 2}]
+            {"QSMEM": 0, "MINB": 4}, {"SCALESHFL": 0}, {"STAGES": 0}, {"STAGES": 1}, {"STAGES": 2},
+            {"WHOLEPAGE": 0, "STAGES": 0}, {"WHOLEPAGE": 1, "STAGES": 0}, {"WHOLEPAGE": 1, "STAGES": 2},
+            {"WHOLEPAGE": 1, "STAGES": 3, "REFILL_LAG": 2, "NW": 2}, {"WHOLEPAGE": 1, "NW": 8, "MINB": 2, "QSMEM": 0}]
 
 
 @pytest.fixture(params=VARIANTS, ids=["default", "depth-2", "depth-3", "l2-prefetch", "exact-max", "q-in-registers",
-                                      "scale-loads", "registers", "staged-1", "staged-2"])
+                                      "scale-loads", "registers", "staged-1", "staged-2", "head-blocks",
+                                      "whole-pages", "whole-pages-staged-2", "whole-pages-2-staged-3-lag-2",
+                                      "whole-pages-8-warps"])
 def variant(request, monkeypatch):
     """The shipped tuning, then other code paths: register rings of 2 and 3 pages, the L2
     prefetch, the exact running max, q in registers, fp8-token scales by one load each, pages
-    loaded straight into registers, and shared-memory page rings of 1 and 2 slots."""
+    loaded straight into registers, shared-memory page rings of 1 and 2 slots, blocks of one KV
+    head, and whole-page blocks (a warp per KV head) from registers, through a block ring of 2
+    slots, of 3 slots for 2 heads (a 4-head fp8 ring of 3 exceeds 48 KB of static shared memory),
+    and with 8 warps and q in registers (for 4 KV heads: blocks of 4 heads)."""
     tuning = dict(paged_decode_cuda.TUNING)
     tuning.update(request.param)
     monkeypatch.setattr(paged_decode_cuda, "TUNING", tuning)
@@ -125,14 +132,14 @@ def test_cuda_decode_deep_grid_takes_the_staged_ring(monkeypatch):
     kernels = paged_decode_cuda.select("cuda", args[2], args[0].shape[1], args[0], True)
     assert kernels.deep_grid is not None and kernels.deep_grid.defines["STAGES"] > 0
     launched = []
-    pick = paged_decode_cuda.DecodeKernels.for_grid
+    pick = paged_decode_cuda.DecodeKernels.for_launch
 
-    def spy(self, blocks):
-        launched.append(pick(self, blocks))
+    def spy(self, *launch):
+        launched.append(pick(self, *launch))
         return launched[-1]
 
-    monkeypatch.setattr(paged_decode_cuda.DecodeKernels, "for_grid", spy)
-    rows = args[0].shape[0] * args[2].num_kv_heads
+    monkeypatch.setattr(paged_decode_cuda.DecodeKernels, "for_launch", spy)
+    rows = paged_decode_cuda.grid(kernels.deep_grid, 1, args[0].shape[0], args[2].num_kv_heads)[1]
     _check_decode(args, 1e-2, backend="cuda", num_splits=-(-kernels.deep_grid_blocks // rows))
     _check_decode(args, 1e-2, backend="cuda", num_splits=4)
     assert launched == [kernels.deep_grid, kernels.regular]

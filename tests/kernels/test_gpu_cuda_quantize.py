@@ -109,6 +109,13 @@ def test_cuda_quantize_nvfp4_variants_bit_identical(variant, heads, head_dim, pa
     _check_bit_identical("nvfp4", heads, head_dim, page_size)
 
 
+@pytest.mark.parametrize("name", ["nvfp4", "fp8-token"])
+def test_cuda_quantize_other_chunks_per_thread_bit_identical(name, monkeypatch):
+    """CPL from TUNING: the launch takes its block size from the compiled kernel."""
+    monkeypatch.setattr(quantize_cuda, "TUNING", {**quantize_cuda.TUNING, "CPL": 4})
+    _check_bit_identical(name, 8, 128, 16)
+
+
 def _check_bit_identical(name, heads, head_dim, page_size):
     gen = torch.Generator().manual_seed(heads * 7 + head_dim + page_size)
     f = make_format(name, page_size=page_size, layers=2, heads=heads, head_dim=head_dim)

@@ -7,8 +7,12 @@
 //   max), QSMEM (q's fragments in shared memory instead of registers), SCALESHFL (fp8-token
 //   scales by one load and shuffles, decode_page_regs.cuh), STAGES (0: pages loaded straight into
 //   registers; n > 0: through an n-slot shared-memory ring per warp filled by the bulk-copy
-//   engine, page_staging.cuh; sm_90+), PROBE_LOADS (a timing probe of the memory path alone),
-//   PROBE_WHOLEPAGE (the probe with one block per split and one warp per KV head: whole pages).
+//   engine, page_staging.cuh; sm_90+), WHOLEPAGE (0: a block is NW warps of one KV head, each warp
+//   every NW-th page of the split; 1: a block is NW consecutive KV heads, one warp each, and every
+//   warp walks all the split's pages, so the block reads each page's sections as contiguous runs
+//   and no warp's partial needs merging with another's), REFILL_LAG (WHOLEPAGE with STAGES: how
+//   many pages behind the block ring's producer lets the slowest warp be), PROBE_LOADS (a timing
+//   probe of the memory path alone).
 // It writes the same partial results (m, l, acc per split and query head, log2 units) as the
 // Triton split kernel, so the Triton reduce kernel attends the bf16 tail and merges the splits.
 //
@@ -58,13 +62,20 @@
 #ifndef PROBE_LOADS
 #define PROBE_LOADS 0
 #endif
-#ifndef PROBE_WHOLEPAGE
-#define PROBE_WHOLEPAGE 0
+#ifndef WHOLEPAGE
+#define WHOLEPAGE 0
 #endif
-#if PROBE_WHOLEPAGE && (NW != H || STAGES || !PROBE_LOADS)
-#error "PROBE_WHOLEPAGE is a variant of the PROBE_LOADS probe with one warp per KV head (NW = H), registers only"
+#ifndef REFILL_LAG
+#define REFILL_LAG 1
 #endif
-#define PSTRIDE (PROBE_WHOLEPAGE ? 1 : NW)  // pages between one warp's consecutive pages
+#if WHOLEPAGE && H % NW != 0
+#error "WHOLEPAGE blocks hold NW of the H KV heads: NW must divide H"
+#endif
+#if WHOLEPAGE && STAGES && (REFILL_LAG < 1 || REFILL_LAG >= STAGES)
+#error "REFILL_LAG must be at least 1 and less than STAGES"
+#endif
+#define HPB (WHOLEPAGE ? NW : 1)       // KV heads per block (and per staged slot)
+#define PSTRIDE (WHOLEPAGE ? 1 : NW)   // pages between one warp's consecutive pages
 
 #include "decode_page_regs.cuh"      // fragment_ops.cuh, ptx_common.cuh through it
 #if STAGES
@@ -266,9 +277,11 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
     __shared__ float sm_m[NW][8];
     __shared__ float sm_l[NW][8];
 #if STAGES
-    // The warps' page rings; after the page loop the same bytes hold the block's merge.
-    __shared__ __align__(128) u8 sm_pool[imax_c(NW * STAGES * SLOT_BYTES, NW * 8 * (D + 1) * 4)];
-    __shared__ __align__(8) unsigned long long sm_bar[NW][STAGES];
+    // The page rings (one per warp, or WHOLEPAGE: one per block); after the page loop the same
+    // bytes hold the warps' partials. Barriers: per warp ring a "full" one per slot; for the
+    // block ring a "full" and an "empty" (all warps done reading) one per slot.
+    __shared__ __align__(128) u8 sm_pool[imax_c(NW / HPB * STAGES * SLOT_BYTES, NW * 8 * (D + 1) * 4)];
+    __shared__ __align__(8) unsigned long long sm_bar[WHOLEPAGE ? 2 : NW][STAGES];
 #define SM_ACC(w, j, d) ((float*)sm_pool)[((w) * 8 + (j)) * (D + 1) + (d)]
 #else
     __shared__ float sm_acc[NW][8][D + 1];
@@ -277,12 +290,10 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
 #define SM_M(w, j) sm_m[w][j]
 #define SM_L(w, j) sm_l[w][j]
 
-#if PROBE_WHOLEPAGE
-    // grid (splits, B), one warp per KV head: the block's warps walk the same pages together, so
-    // each page's head slices are read as one contiguous run per section.
-    const int pid_s = blockIdx.x;
-    const int b = blockIdx.y;
-    const int h = threadIdx.x >> 5;
+#if WHOLEPAGE
+    const int pid_s = blockIdx.x;                 // grid (splits, B * H / NW), one warp per KV head
+    const int b = blockIdx.y / (H / NW);
+    const int h = (blockIdx.y % (H / NW)) * NW + (threadIdx.x >> 5);
     const int pid_bh = b * H + h;
 #else
     const int pid_s = blockIdx.x;                 // grid (splits, B * H)
@@ -315,8 +326,10 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
 #endif
     QOperand qop;
 #if QSMEM
-    __shared__ __align__(16) u32 sm_q[KSTEPS][32][2];     // aligned: read by 8-byte ld.shared.v2
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(qop.base) : "l"(&sm_q[0][lane][0]));
+    // One copy per KV head of the block (aligned: read by 8-byte ld.shared.v2).
+    __shared__ __align__(16) u32 sm_q[HPB][KSTEPS][32][2];
+    const int qh = WHOLEPAGE ? warp : 0;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(qop.base) : "l"(&sm_q[qh][0][lane][0]));
 #endif
     {
         const i64 qoff = (i64)b * sq_b + (i64)(h * G + gi) * sq_h;
@@ -341,7 +354,7 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
             const float x0 = real ? QLOAD(d0) : 0.f, x1 = real ? QLOAD(d1) : 0.f;
             const float x2 = real ? QLOAD(d2) : 0.f, x3 = real ? QLOAD(d3) : 0.f;
 #if QSMEM
-            if (warp == 0) { sm_q[s][lane][0] = pack_f16x2(x0, x1); sm_q[s][lane][1] = pack_f16x2(x2, x3); }
+            if (WHOLEPAGE || warp == 0) { sm_q[qh][s][lane][0] = pack_f16x2(x0, x1); sm_q[qh][s][lane][1] = pack_f16x2(x2, x3); }
 #else
             qop.f[s][0] = pack_f16x2(x0, x1);
             qop.f[s][1] = pack_f16x2(x2, x3);
@@ -359,8 +372,53 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
 #pragma unroll
     for (int i = 0; i < MTILES; ++i) st.acc[i][0] = st.acc[i][1] = st.acc[i][2] = st.acc[i][3] = 0.f;
     const int* pt = page_table + (i64)b * spt_b;
-    const int first = p0 + (PROBE_WHOLEPAGE ? 0 : warp);
-#if STAGES
+    const int first = p0 + (WHOLEPAGE ? 0 : warp);
+#if STAGES && WHOLEPAGE
+    // ---- pages through the block's shared-memory ring (page_staging.cuh) ----
+    // Thread 0 fills the slots. Each warp releases a slot (its "empty" barrier) once it has
+    // attended the page; at the start of page j thread 0 refills the slot of page j - REFILL_LAG
+    // with page j - REFILL_LAG + STAGES, so a warp may trail warp 0 by REFILL_LAG - 1 pages
+    // before warp 0 waits for it, and a page is requested STAGES - REFILL_LAG pages ahead.
+    const u32 ring = smem_addr(sm_pool);
+    const u32 full = smem_addr(&sm_bar[0][0]), empty = smem_addr(&sm_bar[1][0]);
+    const bool producer = threadIdx.x == 0;
+    if (producer) {
+#pragma unroll
+        for (int k = 0; k < STAGES; ++k) { mbar_init(full + 8 * k); mbar_init(empty + 8 * k, NW); }
+        mbar_init_fence();
+    }
+    block_sync();
+    const StageSources src = stage_sources(h - warp, k_data, k_s, k_bs, k_gs, v_data, v_s, v_bs, v_gs);
+    const LaneOffsets off = staged_lane_offsets(h, warp, src.chunk, gi, ci);
+    if (producer) {
+#pragma unroll
+        for (int k = 0; k < STAGES; ++k) {
+            if (first + k < p1) stage_page(ring + k * SLOT_BYTES, full + 8 * k, page_at(storage, pt[first + k], page_bytes), src);
+        }
+    }
+    int id_next = producer && first + STAGES < p1 ? pt[first + STAGES] : 0;
+    u32 slot = 0, parity = 0;                 // the slot and phase of page pg
+    u32 rslot = 0, rparity = 0;               // ... of page pg - REFILL_LAG, once that is >= first
+    for (int pg = first; pg < p1; ++pg) {
+        const int nx = pg - REFILL_LAG + STAGES;
+        if (pg - REFILL_LAG >= first) {
+            if (producer && nx < p1) {
+                mbar_wait(empty + 8 * rslot, rparity);
+                stage_page(ring + rslot * SLOT_BYTES, full + 8 * rslot, page_at(storage, id_next, page_bytes), src);
+                id_next = nx + 1 < p1 ? pt[nx + 1] : 0;
+            }
+            if (++rslot == STAGES) { rslot = 0; rparity ^= 1u; }
+        }
+        mbar_wait(full + 8 * slot, parity);
+        PageRegs cur;
+        load_page<FromShared>(cur, ring + slot * SLOT_BYTES, off);
+        ATTEND(cur);
+        warp_sync();                     // every lane has read the slot before the warp releases it
+        if (lane == 0) mbar_arrive(empty + 8 * slot);
+        if (++slot == STAGES) { slot = 0; parity ^= 1u; }
+    }
+    block_sync();                        // the partials below reuse the ring's bytes
+#elif STAGES
     // ---- pages through this warp's shared-memory ring (page_staging.cuh) ----
     const u32 ring = smem_addr(sm_pool) + warp * (STAGES * SLOT_BYTES);
     const u32 bars = smem_addr(&sm_bar[warp][0]);
@@ -371,7 +429,7 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
     }
     warp_sync();
     const StageSources src = stage_sources(h, k_data, k_s, k_bs, k_gs, v_data, v_s, v_bs, v_gs);
-    const LaneOffsets off = staged_lane_offsets(h, gi, ci);
+    const LaneOffsets off = staged_lane_offsets(h, 0, src.chunk, gi, ci);
     if (lane == 0) {
 #pragma unroll
         for (int k = 0; k < STAGES; ++k) {
@@ -434,10 +492,6 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
     }
 #endif
 
-#if PROBE_WHOLEPAGE
-    if (lane == 0) part_acc[((i64)pid_bh * num_splits + pid_s) * G * D] = st.acc[0][0];
-    return;
-#endif
     // ---- this warp's partial: sums over lanes, value scales, then the block's merge ----
 #pragma unroll
     for (int x = 4; x < 32; x <<= 1) { st.l0 += shfl_xor(st.l0, x); st.l1 += shfl_xor(st.l1, x); }
@@ -463,6 +517,17 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
         SM_ACC(warp, 2 * ci, dg + 1) = st.acc[i][2] * vfac;
         SM_ACC(warp, 2 * ci + 1, dg + 1) = st.acc[i][3] * vfac;
     }
+#if WHOLEPAGE
+    // Each warp's partial is its head's whole split: written out as it is (through shared
+    // memory, for whole-row stores).
+    warp_sync();
+    const i64 prow = ((i64)pid_bh * num_splits + pid_s) * G;
+    for (int idx = lane; idx < G * D; idx += 32) {
+        const int hd = idx / D, d = idx % D;
+        part_acc[(prow + hd) * D + d] = SM_ACC(warp, hd, d);
+        if (d == 0) { part_m[prow + hd] = SM_M(warp, hd); part_l[prow + hd] = SM_L(warp, hd); }
+    }
+#else
     block_sync();
     const i64 prow = ((i64)pid_bh * num_splits + pid_s) * G;
     for (int idx = threadIdx.x; idx < G * D; idx += NT) {
@@ -480,4 +545,5 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
         part_acc[(prow + hd) * D + d] = a;
         if (d == 0) { part_m[prow + hd] = mx; part_l[prow + hd] = l; }
     }
+#endif
 }

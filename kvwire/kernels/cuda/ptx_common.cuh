@@ -30,6 +30,7 @@ __device__ __forceinline__ bool any_sync(bool p) {
     return r != 0;
 }
 __device__ __forceinline__ void block_sync() { asm volatile("bar.sync 0;" ::: "memory"); }
+__device__ __forceinline__ void warp_sync() { asm volatile("bar.warp.sync 0xffffffff;" ::: "memory"); }
 __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
     u32 r;
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));

@@ -1,0 +1,156 @@
+// One page of attention for one decode warp: the softmax state a warp carries across pages, q as
+// the score MMAs' B operand, and attend_page (scores, online softmax, P.V on the page's registers).
+// Part of paged_decode_split.cu: it uses that kernel's macros (D, G, KELEM, KGRAN, VELEM, VGRAN,
+// LAZYMAX, QSMEM) and decode_page_regs.cuh, and is included after them; the fragment layout it
+// relies on is described at the top of that file.
+#pragma once
+
+struct SoftmaxState {
+    float m0, m1;                    // running max of heads 2ci, 2ci+1 (log2 units)
+    float l0, l1;                    // this lane's share of the softmax sums
+    float acc[MTILES][4];            // O^T fragments, in units of 1/vinv when value scales ride on P
+    float vinv;                      // 0 until the first page sets the value reference
+};
+
+// q as the B operand of the score MMAs, in the K visiting order: in registers, or (QSMEM=1) in
+// shared memory, read per k-step. The second frees 2 * D/16 registers per thread, which at 96
+// registers is what lets the compiler issue all of a page's loads before its first MMA (with q in
+// registers it delays the V loads past the score MMAs: two memory round trips per page).
+struct QOperand {
+#if QSMEM
+    u32 base;
+    __device__ __forceinline__ void get(int kt, u32& b0, u32& b1) const {
+        asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(b0), "=r"(b1) : "r"(base + kt * 256) : "memory");
+    }
+#else
+    u32 f[KSTEPS][2];
+    __device__ __forceinline__ void get(int kt, u32& b0, u32& b1) const { b0 = f[kt][0]; b1 = f[kt][1]; }
+#endif
+};
+
+// One page (16 tokens) of one warp: scores, online softmax, P.V. ``cur`` holds the page's registers.
+__device__ __forceinline__ void attend_page(const PageRegs& cur, const QOperand& q, float cscale,
+                                            int gi, int ci, SoftmaxState& st) {
+    // ---- scores S^T[tok gi / gi+8, head 2ci / 2ci+1] ----
+    float s[4] = {0.f, 0.f, 0.f, 0.f};
+    float s2[4] = {0.f, 0.f, 0.f, 0.f};            // second accumulator: two shorter MMA chains
+#if KELEM == 1
+#pragma unroll
+    for (int kt = 0; kt < KSTEPS; ++kt) {
+        const u32 w0 = cur.k[0][kt], w1 = cur.k[1][kt];
+        u32 b0, b1;
+        q.get(kt, b0, b1);
+        mma16816((kt & 1) ? s2 : s, e4m3x2_lo(w0), e4m3x2_lo(w1), e4m3x2_hi(w0), e4m3x2_hi(w1), b0, b1);
+    }
+#else
+#pragma unroll
+    for (int w = 0; w < KWORDS; ++w) {
+        const u32 sel = (D == 128 && w >= 2) ? 0x1111u : 0x0000u;      // this word's block-scale byte, twice
+        const u32 bs0 = e4m3x2_lo(prmt(cur.kbs[0], 0u, sel));
+        const u32 bs1 = e4m3x2_lo(prmt(cur.kbs[1], 0u, sel));
+        const u32 L0 = e2m1_lo_to_e4m3(cur.k[0][w]), H0 = e2m1_hi_to_e4m3(cur.k[0][w]);
+        const u32 L1 = e2m1_lo_to_e4m3(cur.k[1][w]), H1 = e2m1_hi_to_e4m3(cur.k[1][w]);
+        u32 b0, b1, b2, b3;
+        q.get(2 * w, b0, b1);
+        q.get(2 * w + 1, b2, b3);
+        mma16816(s, hmul2(e4m3x2_lo(L0), bs0), hmul2(e4m3x2_lo(L1), bs1),
+                 hmul2(e4m3x2_lo(H0), bs0), hmul2(e4m3x2_lo(H1), bs1), b0, b1);
+        mma16816(s2, hmul2(e4m3x2_hi(L0), bs0), hmul2(e4m3x2_hi(L1), bs1),
+                 hmul2(e4m3x2_hi(H0), bs0), hmul2(e4m3x2_hi(H1), bs1), b2, b3);
+    }
+#endif
+#pragma unroll
+    for (int i = 0; i < 4; ++i) s[i] += s2[i];
+    float ks0, ks1, vs0, vs1;
+    token_scales(cur, gi, ks0, ks1, vs0, vs1);
+#if KGRAN == 1 || KGRAN == 2 || KELEM == 2
+    s[0] *= cscale * ks0; s[1] *= cscale * ks0;
+    s[2] *= cscale * ks1; s[3] *= cscale * ks1;
+#else
+    s[0] *= cscale; s[1] *= cscale; s[2] *= cscale; s[3] *= cscale;
+#endif
+    // ---- online softmax over the page's 16 tokens, per head ----
+    float pm0 = fmx(s[0], s[2]), pm1 = fmx(s[1], s[3]);
+#if LAZYMAX
+    // The running max is a reference, not the exact max: it moves only when a score passes it by
+    // more than 2^LAZYMAX (then P <= 2^LAZYMAX, and with the value-scale ratio <= 2^10 below it
+    // stays under 2^15 in f16). Most pages then skip the warp-wide max reduction (three rounds of
+    // shuffles on the critical path); the first page always takes it.
+    if (any_sync(pm0 > st.m0 + (float)LAZYMAX || pm1 > st.m1 + (float)LAZYMAX)) {
+#endif
+#pragma unroll
+    for (int x = 4; x < 32; x <<= 1) { pm0 = fmx(pm0, shfl_xor(pm0, x)); pm1 = fmx(pm1, shfl_xor(pm1, x)); }
+    const float mn0 = fmx(st.m0, pm0), mn1 = fmx(st.m1, pm1);
+    if (LAZYMAX || any_sync(mn0 > st.m0 || mn1 > st.m1)) {
+        const float a0 = ex2(st.m0 - mn0), a1 = ex2(st.m1 - mn1);
+        st.l0 *= a0; st.l1 *= a1;
+#pragma unroll
+        for (int i = 0; i < MTILES; ++i) { st.acc[i][0] *= a0; st.acc[i][1] *= a1; st.acc[i][2] *= a0; st.acc[i][3] *= a1; }
+        st.m0 = mn0; st.m1 = mn1;
+    }
+#if LAZYMAX
+    }
+#endif
+    float p0 = ex2(s[0] - st.m0), p1v = ex2(s[1] - st.m1), p2 = ex2(s[2] - st.m0), p3 = ex2(s[3] - st.m1);
+    st.l0 += p0 + p2; st.l1 += p1v + p3;
+#if VGRAN == 1 || VGRAN == 2 || VELEM == 2
+    {   // value scales ride on P, relative to a warp reference kept within 2^+-10 (f16 range)
+        float x0 = vs0 * st.vinv, x1 = vs1 * st.vinv;
+        const bool bad = !(x0 >= 9.765625e-4f && x0 <= 1024.0f) || !(x1 >= 9.765625e-4f && x1 <= 1024.0f);
+        if (any_sync(bad)) {
+            float vm = fmx(vs0, vs1);
+#pragma unroll
+            for (int x = 4; x < 32; x <<= 1) vm = fmx(vm, shfl_xor(vm, x));
+            const float ninv = vm > 0.f ? 1.0f / vm : (st.vinv > 0.f ? st.vinv : 1.0f);
+            const float ratio = st.vinv > 0.f ? ninv / st.vinv : 0.f;
+#pragma unroll
+            for (int i = 0; i < MTILES; ++i) { st.acc[i][0] *= ratio; st.acc[i][1] *= ratio; st.acc[i][2] *= ratio; st.acc[i][3] *= ratio; }
+            st.vinv = ninv;
+            x0 = vs0 * st.vinv; x1 = vs1 * st.vinv;
+        }
+        p0 *= x0; p1v *= x0; p2 *= x1; p3 *= x1;
+    }
+#endif
+    // ---- P^T as the B operand: lane (gi, ci) needs head gi, tokens (ci, ci+8) and (ci+4, ci+12)
+    const u32 X0 = pack_f16x2(p0, p2), X1 = pack_f16x2(p1v, p3);   // head 2ci / 2ci+1: tokens gi, gi+8
+    const int srcA = 4 * ci + (gi >> 1), srcB = srcA + 16;
+    const u32 a0x = shfl_idx(X0, srcA), a1x = shfl_idx(X1, srcA);
+    const u32 b0x = shfl_idx(X0, srcB), b1x = shfl_idx(X1, srcB);
+    const u32 pb0 = (gi & 1) ? a1x : a0x, pb1 = (gi & 1) ? b1x : b0x;
+    // ---- O^T += V^T . P^T ----
+#if VELEM == 1
+#pragma unroll
+    for (int i = 0; i < MTILES; ++i) {
+        const int w = i / 2;
+        const u32 sel = (i & 1) ? 0x7362u : 0x5140u;
+        const u32 lo = prmt(cur.v[0][w], cur.v[2][w], sel);    // tokens ci, ci+8
+        const u32 hi = prmt(cur.v[1][w], cur.v[3][w], sel);    // tokens ci+4, ci+12
+        mma16816(st.acc[i], e4m3x2_lo(lo), e4m3x2_hi(lo), e4m3x2_lo(hi), e4m3x2_hi(hi), pb0, pb1);
+    }
+#else
+    const u32 vsA = e4m3x2_lo(prmt(cur.vbs[0], cur.vbs[2], 0x0040u));   // block scales of tokens ci, ci+8
+    const u32 vsB = e4m3x2_lo(prmt(cur.vbs[1], cur.vbs[3], 0x0040u));   // tokens ci+4, ci+12
+#pragma unroll
+    for (int wq = 0; wq < VWORDS; ++wq) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            // Interleave the two tokens' code bytes, then unpack: the unpacking is bytewise, so it
+            // commutes with the permute, and permuting packed codes takes half as many permutes.
+            const u32 sel = half ? 0x7362u : 0x5140u;
+            const u32 rA = prmt(cur.v[0][wq], cur.v[2][wq], sel);        // tokens ci, ci+8
+            const u32 rB = prmt(cur.v[1][wq], cur.v[3][wq], sel);        // tokens ci+4, ci+12
+            const u32 lA = e2m1_lo_to_e4m3(rA), hA = e2m1_hi_to_e4m3(rA);
+            const u32 lB = e2m1_lo_to_e4m3(rB), hB = e2m1_hi_to_e4m3(rB);
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int i = 4 * wq + 2 * half + e;                      // even d = 8wq + 2(2half+e)
+                const u32 A0 = e ? e4m3x2_hi(lA) : e4m3x2_lo(lA);
+                const u32 A1 = e ? e4m3x2_hi(hA) : e4m3x2_lo(hA);
+                const u32 A2 = e ? e4m3x2_hi(lB) : e4m3x2_lo(lB);
+                const u32 A3 = e ? e4m3x2_hi(hB) : e4m3x2_lo(hB);
+                mma16816(st.acc[i], hmul2(A0, vsA), hmul2(A1, vsA), hmul2(A2, vsB), hmul2(A3, vsB), pb0, pb1);
+            }
+        }
+    }
+#endif
+}

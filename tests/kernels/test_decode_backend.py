@@ -104,3 +104,19 @@ def test_whole_page_blocks_take_a_divisor_of_the_kv_heads():
     from kvwire.kernels.nvrtc import CudaKernel
     assert paged_decode_cuda.grid(CudaKernel(None, None, 96, {"NW": 3, "WHOLEPAGE": 1}), 5, 2, 9) == (5, 6, 1)
     assert paged_decode_cuda.grid(CudaKernel(None, None, 96, {"NW": 4}), 5, 2, 9) == (5, 18, 1)
+
+
+def test_default_splits_match_the_h200_sweeps(monkeypatch):
+    """The split policy as the H200 sweeps printed it (docs/bench-runs/2026-12-04g-decode-wholepage-*):
+    blocks of one KV head (4 warps, 5 blocks/SM) and whole-page blocks (a warp per head). The SM
+    count is the one thing taken from the device, so the H200's 132 is stood in for it here."""
+    from types import SimpleNamespace
+
+    from kvwire.kernels.nvrtc import CudaKernel
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(multi_processor_count=132))
+    head = CudaKernel(None, None, 96, {"NW": 4}, {(128, 0): 5})
+    whole = CudaKernel(None, None, 96, {"NW": 4, "WHOLEPAGE": 1}, {(128, 0): 5})
+    for kernel, expect in ((head, {(32, 2048): 18, (8, 2048): 41, (1, 2048): 64, (16, 8192): 36, (64, 512): 9}),
+                           (whole, {(32, 2048): 41, (8, 2048): 41, (1, 2048): 252, (16, 8192): 41, (64, 512): 36})):
+        got = {(b, pages): paged_decode_cuda.default_splits(kernel, b, 8, pages, "cuda") for b, pages in expect}
+        assert got == expect, kernel.defines

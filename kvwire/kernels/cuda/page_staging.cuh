@@ -81,6 +81,20 @@ struct StageSources {
     u32 chunk, chunk_bytes, bytes;   // bytes: what one fill of a slot delivers
 };
 
+// One part's scale sources (fp8 token scales: ``gran`` 1, page-scale chunks: 2, or NVFP4's block
+// scales and global-scale chunks; nothing for static scales) and the bytes they fill in a slot.
+struct ScaleSources {
+    u32 scales, global, bytes;
+};
+
+__device__ __forceinline__ ScaleSources scale_sources(bool nvfp4, int gran, int h0, u32 chunk, u32 chunk_bytes,
+                                                      i64 s, i64 bs, i64 gs) {
+    if (nvfp4) return {(u32)(bs + h0 * (P * D / 16)), (u32)(gs + chunk), HPB * (P * D / 16) + chunk_bytes};
+    if (gran == 1) return {(u32)(s + h0 * P * 4), 0u, HPB * P * 4};
+    if (gran == 2) return {(u32)(s + chunk), 0u, chunk_bytes};
+    return {0u, 0u, 0u};
+}
+
 __device__ __forceinline__ StageSources stage_sources(int h0, i64 k_data, i64 k_s, i64 k_bs, i64 k_gs,
                                                       i64 v_data, i64 v_s, i64 v_bs, i64 v_gs) {
     StageSources s;
@@ -88,25 +102,11 @@ __device__ __forceinline__ StageSources stage_sources(int h0, i64 k_data, i64 k_
     s.v = (u32)(v_data + h0 * SV_DATA);
     s.chunk = (u32)(h0 * 4) & ~15u;
     s.chunk_bytes = ((u32)(h0 + HPB) * 4 + 15u & ~15u) - s.chunk;
-    s.bytes = HPB * (SK_DATA + SV_DATA);
-#if KELEM == 1
-    s.ks = (u32)(KGRAN == 1 ? k_s + h0 * P * 4 : (KGRAN == 2 ? k_s + s.chunk : 0));
-    s.kg = 0;
-    s.bytes += KGRAN == 1 ? HPB * P * 4 : (KGRAN == 2 ? s.chunk_bytes : 0);
-#else
-    s.ks = (u32)(k_bs + h0 * (P * D / 16));
-    s.kg = (u32)(k_gs + s.chunk);
-    s.bytes += HPB * (P * D / 16) + s.chunk_bytes;
-#endif
-#if VELEM == 1
-    s.vs = (u32)(VGRAN == 1 ? v_s + h0 * P * 4 : (VGRAN == 2 ? v_s + s.chunk : 0));
-    s.vg = 0;
-    s.bytes += VGRAN == 1 ? HPB * P * 4 : (VGRAN == 2 ? s.chunk_bytes : 0);
-#else
-    s.vs = (u32)(v_bs + h0 * (P * D / 16));
-    s.vg = (u32)(v_gs + s.chunk);
-    s.bytes += HPB * (P * D / 16) + s.chunk_bytes;
-#endif
+    const ScaleSources ks = scale_sources(KELEM == 2, KGRAN, h0, s.chunk, s.chunk_bytes, k_s, k_bs, k_gs);
+    const ScaleSources vs = scale_sources(VELEM == 2, VGRAN, h0, s.chunk, s.chunk_bytes, v_s, v_bs, v_gs);
+    s.ks = ks.scales; s.kg = ks.global;
+    s.vs = vs.scales; s.vg = vs.global;
+    s.bytes = HPB * (SK_DATA + SV_DATA) + ks.bytes + vs.bytes;
     return s;
 }
 
@@ -130,8 +130,8 @@ __device__ __forceinline__ void stage_page(u32 slot, u32 bar, const u8* page, co
     mbar_expect(bar, s.bytes);
     bulk_copy(slot + SLOT_K, page + s.k, HPB * SK_DATA, bar);
     bulk_copy(slot + SLOT_V, page + s.v, HPB * SV_DATA, bar);
-    stage_scales(slot + SLOT_KS, page, s.ks, s.kg, KELEM == 1 ? KGRAN : 0, KELEM == 2, s, bar);
-    stage_scales(slot + SLOT_VS, page, s.vs, s.vg, VELEM == 1 ? VGRAN : 0, VELEM == 2, s, bar);
+    stage_scales(slot + SLOT_KS, page, s.ks, s.kg, KGRAN, KELEM == 2, s, bar);
+    stage_scales(slot + SLOT_VS, page, s.vs, s.vg, VGRAN, VELEM == 2, s, bar);
 }
 
 // This lane's offsets inside a slot for head h, the ``w``-th of the slot's heads: the same fragment

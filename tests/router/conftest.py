@@ -24,6 +24,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def serving_target(line: str) -> str | None:
+    """host:port from serve's "serving on HOST:PORT ..." line (None for other lines). Tests start
+    serve with --port 0 and read the port it bound: a port picked beforehand can be taken by Ray's
+    workers before serve binds it."""
+    return line.split("serving on ", 1)[1].split()[0] if "serving on " in line else None
+
+
 def kvwire_exe() -> str:
     exe = Path(sys.executable).parent / "kvwire"
     if not exe.exists():
@@ -52,11 +59,11 @@ class Served:
 def start_serve(config_text: str, tmp: Path, timeout_s: float = 240.0) -> Served:
     """Start `kvwire serve --config` and wait for its 'serving on' line (or fail with its output)."""
     pytest.importorskip("ray")
-    port, metrics = free_port(), free_port()
+    metrics = free_port()
     cfg = tmp / "pools.toml"
     cfg.write_text(config_text)
     env = {**os.environ, **RAY_ENV, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([kvwire_exe(), "serve", "--config", str(cfg), "--port", str(port),
+    proc = subprocess.Popen([kvwire_exe(), "serve", "--config", str(cfg), "--port", "0",
                              "--metrics-port", str(metrics)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
@@ -65,17 +72,18 @@ def start_serve(config_text: str, tmp: Path, timeout_s: float = 240.0) -> Served
     def read() -> None:
         for line in proc.stdout:
             lines.append(line.rstrip())
-            if "serving on" in line:
-                ready.put(True)
-        ready.put(False)
+            target = serving_target(line)
+            if target:
+                ready.put(target)
+        ready.put(None)
 
     threading.Thread(target=read, daemon=True).start()
-    served = Served(proc, f"127.0.0.1:{port}", metrics, lines)
     try:
-        ok = ready.get(timeout=timeout_s)
+        target = ready.get(timeout=timeout_s)
     except queue.Empty:
-        ok = False
-    if not ok:
+        target = None
+    served = Served(proc, target or "", metrics, lines)
+    if not target:
         served.stop(10)
         pytest.fail("kvwire serve did not start:\n" + "\n".join(lines[-40:]))
     return served

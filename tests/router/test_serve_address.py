@@ -8,15 +8,14 @@ import pytest
 
 from router.client import RouterClient
 from tests.ray_head import BIN, ray_head
-from tests.router.conftest import free_port, kvwire_exe, wait_until
+from tests.router.conftest import kvwire_exe, serving_target, wait_until
 
 pytestmark = pytest.mark.slow
 
 
 def test_serve_joins_an_existing_cluster_and_leaves_it_running(tmp_path):
     with ray_head(num_cpus=4, dashboard=False) as head:
-        port = free_port()
-        proc = subprocess.Popen([kvwire_exe(), "serve", "--address", head.address, "--port", str(port),
+        proc = subprocess.Popen([kvwire_exe(), "serve", "--address", head.address, "--port", "0",
                                  "--metrics-port", "0", "--num-pages", "128"], env={**head.env, "PYTHONUNBUFFERED": "1"},
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         lines = []
@@ -25,8 +24,9 @@ def test_serve_joins_an_existing_cluster_and_leaves_it_running(tmp_path):
             if "serving on" in line or "error" in line.lower():
                 break
         assert any("joining the Ray cluster at " + head.address in ln for ln in lines), lines
-        assert any("serving on" in ln for ln in lines), "".join(lines)
-        with RouterClient(f"127.0.0.1:{port}", timeout_s=120) as client:
+        target = next((t for t in map(serving_target, lines) if t), None)
+        assert target, "".join(lines)
+        with RouterClient(target, timeout_s=120) as client:
             done = client.complete("The capital of France is", max_tokens=3).finished
         assert done.completion_tokens == 3
         proc.send_signal(subprocess.signal.SIGINT)

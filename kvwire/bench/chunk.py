@@ -58,8 +58,8 @@ def run(args) -> dict:
     from kvwire.bench.attention import time_graph
     from kvwire.errors import NoGpuError, UsageError
     from kvwire.formats import KVFormat, PageFormat
-    from kvwire.kernels.chunk_attention import (default_tile, paged_chunk_attention, paged_chunk_reference,
-                                                 planned_splits)
+    from kvwire.kernels.chunk_attention import paged_chunk_attention, paged_chunk_reference
+    from kvwire.kernels.chunk_plan import default_tile, planned_splits
     if not torch.cuda.is_available():
         raise NoGpuError("kvwire bench chunk needs a CUDA GPU (torch sees none here)")
     dev = torch.device("cuda")

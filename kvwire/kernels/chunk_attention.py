@@ -17,8 +17,8 @@ Split-KV, as in decode: a short chunk makes only (queries / block) x KV heads pr
 than the GPU has SMs (64 queries: 16 programs on 132 SMs), and each would stream the whole prefix
 alone. With ``num_splits`` > 1, splits 0 .. S-1 each take one range of the stored prefix, split S
 takes the open tokens, each writes an fp32 partial (max, sum, accumulator), and
-``_chunk_merge_kernel`` merges them (log-sum-exp) into the output. ``default_splits`` picks S
-from the SM count.
+``_chunk_merge_kernel`` merges them (log-sum-exp) into the output. ``chunk_plan.default_splits``
+picks S from the SM count.
 """
 from __future__ import annotations
 
@@ -31,34 +31,14 @@ import triton.language as tl
 from kvwire.attention import attend_paged_reference
 from kvwire.formats import ElementType, PageFormat
 from kvwire.kernels._common import (
-    bf16_bits_to_f32, check_storage, elem_code, gran_code, interpreting, num_sms, part_offsets, pow2,
-    read_pages_reference, static_arg, use_triton,
+    bf16_bits_to_f32, check_storage, elem_code, gran_code, interpreting, part_offsets, pow2, read_pages_reference,
+    static_arg, use_triton,
 )
+from kvwire.kernels.chunk_plan import (INTERPRETER_TILE, default_tile, fp8_tensor_cores, planned_splits,
+                                       queries_per_block)
 from kvwire.kernels.tile_loads import load_colscale, load_fp8_codes, load_kv_tile, load_nvfp4_tile_folded
 
 LOG2E = 1.4426950408889634
-# Tiles on the GPU: (rows = queries x GQA group, keys per tile, warps, stages). H200 (docs/benchmarks.md,
-# "Chunk attention"):
-# - CHUNK_TILE, for bf16 pages: 128 x 128 x 8 warps was the fastest of 8 shapes at 8k/32k prefixes
-#   and 64/512-query chunks on 2026-12-04 (32k + 512 nvfp4 1.50 ms against 2.76 for 64 x 32 x 4).
-# - COMPACT_TILE, for FP8/NVFP4 keys and values. Each program holds 255 registers (the wgmma
-#   accumulators), so a 256-thread program leaves an SM one program; a 128-thread one fits twice
-#   (COMPACT_PER_SM), and two independent programs overlap one's softmax and dequantisation with the
-#   other's MMAs. That needs shared memory for two, which compact tiles have since the open tokens
-#   moved from fp32 to bf16 operands (nvfp4 160 -> 112 KiB). 32k + 512: nvfp4 1.43 -> 1.15-1.20 ms,
-#   fp8-token/nvfp4 1.43 -> 1.07-1.09, fp8-token 1.34 -> 1.17, fp8-tensor 1.01 -> 0.90; 32k + 64
-#   (8 splits both): 15-22% faster than CHUNK_TILE except fp8-tensor (7%). bf16 pages need 145 KiB
-#   there and lose (0.78 -> 1.15 ms).
-CHUNK_TILE = (128, 128, 8, 2)
-COMPACT_TILE = (64, 128, 4, 2)
-COMPACT_PER_SM = 2
-INTERPRETER_TILE = (128, 64, 8, 1)      # the CPU (Triton interpreter): sizes for test speed only
-# Splits of the stored prefix: only where the (query block, KV head) programs leave SMs idle (a
-# short chunk after a long prefix, e.g. a question after a cached document), up to the programs an
-# SM holds, each split at least MIN_SPLIT_TOKENS long. A program is compute-bound, so splitting a
-# grid that already fills the GPU only adds the partials' write and merge (H200, 512-token chunk:
-# 3-20% slower, docs/benchmarks.md).
-MIN_SPLIT_TOKENS = 1024
 
 
 @triton.jit
@@ -303,7 +283,7 @@ def paged_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.T
     page_ids [Np]: the sequence's stored pages (positions 0 .. Np*P-1) in ``storage``;
     k_open/v_open [Lo, H, D] bf16 at positions ``open_start ..`` (a multiple of P; each query's
     own position must lie in it); static_scales [L, 2, H] for fp8 tensor/head formats.
-    num_splits: ranges the stored pages are split into (None: ``default_splits``; 1: one pass,
+    num_splits: ranges the stored pages are split into (None: ``chunk_plan.planned_splits``; 1: one pass,
     no partials). fp8_dot: FP8 keys on E4M3 tensor cores (sm_89+; False: dequantised to fp16 first).
     Returns [N, Hq, D] in q's dtype, as ``attend_paged_reference`` over the decoded pages.
     """
@@ -378,45 +358,6 @@ def paged_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.T
             part_acc, part_m, part_l, out, *out.stride(), n * hq, parts,
             HQ=hq, D=d, BLOCK_D=block_d, ROWS=rows_per_program, num_warps=4)
     return out
-
-
-def fp8_tensor_cores(device: torch.device) -> bool:
-    """Whether Triton can run E4M3 x E4M3 dots here (sm_89+: Ada's mma, Hopper's wgmma)."""
-    return device.type == "cuda" and not interpreting() and torch.cuda.get_device_capability(device) >= (8, 9)
-
-
-def queries_per_block(rows: int, block_g: int) -> int:
-    """Queries of one program: ``rows`` tile rows of (query, GQA head) pairs, at least 16 rows."""
-    return max(1, rows // block_g, 16 // block_g)
-
-
-def default_splits(programs: int, stored_tokens: int, device: torch.device, per_sm: int = 1) -> int:
-    """Splits of the stored prefix: as many as keep programs <= ``per_sm`` x SMs, each at least
-    MIN_SPLIT_TOKENS long."""
-    if device.type != "cuda" or interpreting():
-        return 1
-    return max(1, min(per_sm * num_sms(device) // max(1, programs), stored_tokens // MIN_SPLIT_TOKENS))
-
-
-def default_tile(page_format: PageFormat, device: torch.device) -> tuple[int, int, int, int]:
-    """(rows, keys per tile, warps, stages) on the GPU: COMPACT_TILE for FP8/NVFP4 keys and values
-    with heads of 64 or more, CHUNK_TILE otherwise (Triton 3.6 fails to lay out the 4-warp tile's
-    NVFP4 dot operands for heads of 16 or 32: "Illegal shared layout", scripts/chunk_sass.py)."""
-    kv = page_format.kv
-    if ElementType.BF16 in (kv.key.element, kv.value.element) or device.type != "cuda" or page_format.head_dim < 64:
-        return CHUNK_TILE
-    return COMPACT_TILE
-
-
-def planned_splits(num_queries: int, num_q_heads: int, page_format: PageFormat, stored_pages: int,
-                   device: torch.device, tile: tuple[int, int, int, int] | None = None) -> int:
-    """The split count ``paged_chunk_attention`` picks by default for such a call (``tile``: the
-    one it runs, default ``default_tile``)."""
-    tile = tile or default_tile(page_format, device)
-    block_m = queries_per_block(tile[0], pow2(num_q_heads // page_format.num_kv_heads))
-    programs = triton.cdiv(num_queries, block_m) * page_format.num_kv_heads
-    per_sm = COMPACT_PER_SM if tile == COMPACT_TILE else 1
-    return default_splits(programs, stored_pages * page_format.page_size, device, per_sm)
 
 
 # ---- torch reference -----------------------------------------------------------------------------

@@ -21,7 +21,8 @@ import os, sys, torch
 from kvwire.bench.attention import time_graph
 from kvwire.bench.chunk import _tokens, causal_flops, stored_pages
 from kvwire.formats import KVFormat, PageFormat
-from kvwire.kernels.chunk_attention import paged_chunk_attention, planned_splits
+from kvwire.kernels.chunk_attention import paged_chunk_attention
+from kvwire.kernels.chunk_plan import planned_splits
 TILES = [tuple(int(x) for x in t.split('x')) for t in os.environ.get('TILES', '64x32x4x2 128x64x8x2 128x128x8x2').split()]
 dev, hq, h, d, p = torch.device("cuda"), 32, 8, 128, 16
 gen = torch.Generator(device=dev).manual_seed(0)

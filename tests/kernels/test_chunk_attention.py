@@ -106,7 +106,7 @@ def test_tile_and_split_policy_for_a_gpu_of_132_sms(monkeypatch):
     """The launcher's tile and split choice as on the H200 (132 SMs), without a GPU: compact pages
     take the 4-warp tile that fits twice per SM and split short chunks to fill both; bf16 pages the
     8-warp tile, one program per SM."""
-    from kvwire.kernels import chunk_attention as ca
+    from kvwire.kernels import chunk_plan as ca
 
     monkeypatch.setattr(ca, "interpreting", lambda: False)
     monkeypatch.setattr(ca, "num_sms", lambda device: 132)

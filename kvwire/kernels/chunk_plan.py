@@ -1,0 +1,73 @@
+"""Launch plan of chunk attention (``kvwire.kernels.chunk_attention``): the tile shapes on the GPU,
+and how many splits of the stored prefix a call takes. Kept apart from the kernel so that the
+policy (measured on the H200, docs/benchmarks.md "Chunk attention") reads in one place.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+
+from kvwire.formats import ElementType, PageFormat
+from kvwire.kernels._common import interpreting, num_sms, pow2
+
+# Tiles on the GPU: (rows = queries x GQA group, keys per tile, warps, stages). H200 (docs/benchmarks.md,
+# "Chunk attention"):
+# - CHUNK_TILE, for bf16 pages: 128 x 128 x 8 warps was the fastest of 8 shapes at 8k/32k prefixes
+#   and 64/512-query chunks on 2026-12-04 (32k + 512 nvfp4 1.50 ms against 2.76 for 64 x 32 x 4).
+# - COMPACT_TILE, for FP8/NVFP4 keys and values. Each program holds 255 registers (the wgmma
+#   accumulators), so a 256-thread program leaves an SM one program; a 128-thread one fits twice
+#   (COMPACT_PER_SM), and two independent programs overlap one's softmax and dequantisation with the
+#   other's MMAs. That needs shared memory for two, which compact tiles have since the open tokens
+#   moved from fp32 to bf16 operands (nvfp4 160 -> 112 KiB). 32k + 512: nvfp4 1.43 -> 1.15-1.20 ms,
+#   fp8-token/nvfp4 1.43 -> 1.07-1.09, fp8-token 1.34 -> 1.17, fp8-tensor 1.01 -> 0.90; 32k + 64
+#   (8 splits both): 15-22% faster than CHUNK_TILE except fp8-tensor (7%). bf16 pages need 145 KiB
+#   there and lose (0.78 -> 1.15 ms).
+CHUNK_TILE = (128, 128, 8, 2)
+COMPACT_TILE = (64, 128, 4, 2)
+COMPACT_PER_SM = 2
+INTERPRETER_TILE = (128, 64, 8, 1)      # the CPU (Triton interpreter): sizes for test speed only
+# Splits of the stored prefix: only where the (query block, KV head) programs leave SMs idle (a
+# short chunk after a long prefix, e.g. a question after a cached document), up to the programs an
+# SM holds, each split at least MIN_SPLIT_TOKENS long. A program is compute-bound, so splitting a
+# grid that already fills the GPU only adds the partials' write and merge (H200, 512-token chunk:
+# 3-20% slower, docs/benchmarks.md).
+MIN_SPLIT_TOKENS = 1024
+
+
+def fp8_tensor_cores(device: torch.device) -> bool:
+    """Whether Triton can run E4M3 x E4M3 dots here (sm_89+: Ada's mma, Hopper's wgmma)."""
+    return device.type == "cuda" and not interpreting() and torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def queries_per_block(rows: int, block_g: int) -> int:
+    """Queries of one program: ``rows`` tile rows of (query, GQA head) pairs, at least 16 rows."""
+    return max(1, rows // block_g, 16 // block_g)
+
+
+def default_splits(programs: int, stored_tokens: int, device: torch.device, per_sm: int = 1) -> int:
+    """Splits of the stored prefix: as many as keep programs <= ``per_sm`` x SMs, each at least
+    MIN_SPLIT_TOKENS long."""
+    if device.type != "cuda" or interpreting():
+        return 1
+    return max(1, min(per_sm * num_sms(device) // max(1, programs), stored_tokens // MIN_SPLIT_TOKENS))
+
+
+def default_tile(page_format: PageFormat, device: torch.device) -> tuple[int, int, int, int]:
+    """(rows, keys per tile, warps, stages) on the GPU: COMPACT_TILE for FP8/NVFP4 keys and values
+    with heads of 64 or more, CHUNK_TILE otherwise (Triton 3.6 fails to lay out the 4-warp tile's
+    NVFP4 dot operands for heads of 16 or 32: "Illegal shared layout", scripts/chunk_sass.py)."""
+    kv = page_format.kv
+    if ElementType.BF16 in (kv.key.element, kv.value.element) or device.type != "cuda" or page_format.head_dim < 64:
+        return CHUNK_TILE
+    return COMPACT_TILE
+
+
+def planned_splits(num_queries: int, num_q_heads: int, page_format: PageFormat, stored_pages: int,
+                   device: torch.device, tile: tuple[int, int, int, int] | None = None) -> int:
+    """The split count ``paged_chunk_attention`` picks by default for such a call (``tile``: the
+    one it runs, default ``default_tile``)."""
+    tile = tile or default_tile(page_format, device)
+    block_m = queries_per_block(tile[0], pow2(num_q_heads // page_format.num_kv_heads))
+    programs = triton.cdiv(num_queries, block_m) * page_format.num_kv_heads
+    per_sm = COMPACT_PER_SM if tile == COMPACT_TILE else 1
+    return default_splits(programs, stored_pages * page_format.page_size, device, per_sm)

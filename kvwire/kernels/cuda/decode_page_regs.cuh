@@ -90,32 +90,12 @@ struct FromGlobal {
 };
 struct FromShared {
     typedef u32 Addr;
-    static __device__ __forceinline__ void v4(Addr a, u32* r) {
-        asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-    }
-    static __device__ __forceinline__ void v2(Addr a, u32* r) {
-        asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
-    }
-    static __device__ __forceinline__ u32 w(Addr a) {
-        u32 r;
-        asm volatile("ld.shared.u32 %0, [%1];" : "=r"(r) : "r"(a));
-        return r;
-    }
-    static __device__ __forceinline__ float f(Addr a) {
-        float r;
-        asm volatile("ld.shared.f32 %0, [%1];" : "=f"(r) : "r"(a));
-        return r;
-    }
-    static __device__ __forceinline__ u32 h(Addr a) {
-        u16 r;
-        asm volatile("ld.shared.u16 %0, [%1];" : "=h"(r) : "r"(a));
-        return (u32)r;
-    }
-    static __device__ __forceinline__ u32 b(Addr a) {
-        u16 r;
-        asm volatile("ld.shared.u8 %0, [%1];" : "=h"(r) : "r"(a));
-        return (u32)r;
-    }
+    static __device__ __forceinline__ void v4(Addr a, u32* r) { lds_v4(a, r); }
+    static __device__ __forceinline__ void v2(Addr a, u32* r) { lds_v2(a, r); }
+    static __device__ __forceinline__ u32 w(Addr a) { return lds_u32(a); }
+    static __device__ __forceinline__ float f(Addr a) { return lds_f32(a); }
+    static __device__ __forceinline__ u32 h(Addr a) { return lds_u16(a); }
+    static __device__ __forceinline__ u32 b(Addr a) { return lds_u8(a); }
 };
 
 template <class M>
@@ -169,8 +149,6 @@ __device__ __forceinline__ void load_page(PageRegs& r, typename M::Addr page, co
     r.vs[0] = r.vs[1] = M::f(page + o.vs);
 #endif
 }
-
-__device__ __forceinline__ void prefetch_l2(const u8* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 // The 128-byte line of a page this lane asks L2 for (-1: none): K data, V data, then the scale sections.
 __device__ __forceinline__ int prefetch_line(int h, int lane, i64 k_data, i64 k_s, i64 k_bs, i64 v_data, i64 v_s, i64 v_bs) {

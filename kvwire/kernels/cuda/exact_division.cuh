@@ -16,35 +16,15 @@
 #define DIVSTEPS 2
 #endif
 
-__device__ __forceinline__ float div_rn(float a, float b) {
-    float r;
-    asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-__device__ __forceinline__ float rcp_rn(float a) {
-    float r;
-    asm("rcp.rn.f32 %0, %1;" : "=f"(r) : "f"(a));
-    return r;
-}
-__device__ __forceinline__ float mul_rn(float a, float b) {
-    float r;
-    asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-__device__ __forceinline__ float fma_rn(float a, float b, float c) {
-    float r;
-    asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(a), "f"(b), "f"(c));
-    return r;
-}
+#include "float_ops.cuh"
+
 // rcp_rn(s) for s with div_fast_ok(s): the fast path of the compiler's own rcp.rn.f32 (approximate
 // reciprocal, then one FMA correction, correctly rounded for every s whose exponent is not at the
 // ends of the range), without its range check and slow-path branch, which div_fast_ok makes dead.
 __device__ __forceinline__ float rcp_rn_in_range(float s) {
-    float r0, e, r;
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r0) : "f"(s));
-    asm("fma.rn.f32 %0, %1, %2, -1.0;" : "=f"(e) : "f"(s), "f"(r0));
-    asm("{ .reg .f32 ne; neg.f32 ne, %1; fma.rn.f32 %0, %2, ne, %2; }" : "=f"(r) : "f"(e), "f"(r0));
-    return r;
+    const float r0 = rcp_approx_ftz(s);
+    const float e = fma_rn(s, r0, -1.0f);
+    return fma_rn(r0, -e, r0);
 }
 // RN(x / s) for s with div_fast_ok(s) and r = rcp_rn(s).
 __device__ __forceinline__ float div_fast(float x, float s, float r) {

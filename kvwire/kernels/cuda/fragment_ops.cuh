@@ -67,6 +67,7 @@ __device__ __forceinline__ u32 ldh(const u8* p) {
     asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(r) : "l"(p));
     return (u32)r;
 }
+__device__ __forceinline__ void prefetch_l2(const u8* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
 
 // A page's first byte: one 32x32 -> 64-bit multiply-add (page ids are non-negative and a page is

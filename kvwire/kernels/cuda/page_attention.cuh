@@ -20,7 +20,7 @@ struct QOperand {
 #if QSMEM
     u32 base;
     __device__ __forceinline__ void get(int kt, u32& b0, u32& b1) const {
-        asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(b0), "=r"(b1) : "r"(base + kt * 256) : "memory");
+        lds_v2_ordered(base + kt * 256, b0, b1);
     }
 #else
     u32 f[KSTEPS][2];

@@ -158,11 +158,9 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
     const int gi = lane >> 2;
     const int ci = lane & 3;
 
-#if __CUDA_ARCH__ >= 900
     // The Triton reduce kernel may launch now (paged_decode_cuda.DEPENDENT_LAUNCH); it waits for
     // this grid's completion (griddepcontrol.wait) before it reads the partials.
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
+    launch_dependents();
     const int n = num_pages[b];
     const int pps = (n + num_splits - 1) / num_splits;
     const int p0 = imin(pid_s * pps, n);
@@ -181,7 +179,7 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
     // One copy per KV head of the block (aligned: read by 8-byte ld.shared.v2).
     __shared__ __align__(16) u32 sm_q[HPB][KSTEPS][32][2];
     const int qh = WHOLEPAGE ? warp : 0;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(qop.base) : "l"(&sm_q[qh][0][lane][0]));
+    qop.base = smem_addr(&sm_q[qh][0][lane][0]);
 #endif
     {
         const i64 qoff = (i64)b * sq_b + (i64)(h * G + gi) * sq_h;

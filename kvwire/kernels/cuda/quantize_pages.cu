@@ -41,13 +41,8 @@
 #endif
 
 #include "ptx_common.cuh"
-#include "exact_division.cuh"
+#include "exact_division.cuh"      // float_ops.cuh through it
 
-__device__ __forceinline__ int shfl_xor_i(int v, int m) {
-    int r;
-    asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=r"(r) : "r"(v), "r"(m));
-    return r;
-}
 __device__ __forceinline__ uint4 ld_stream(const u16* p) {
     uint4 r;
     ld16((const u8*)p, &r.x);
@@ -72,14 +67,9 @@ __device__ __forceinline__ float chunk_amax(const uint4& v) {
     for (int e = 0; e < 8; ++e) m = fmaxf(m, fabsf(elem(v, e)));
     return m;
 }
-// max |x| of two chunks (an NVFP4 block of 16), as fp32: packed bf16x2 maxima of magnitudes,
-// `max.xorsign.abs` (sm_86+), which takes |.| of its inputs itself; its result's sign (the XOR of
-// the inputs' signs) is dropped at the end.
-__device__ __forceinline__ u32 bmax_abs2(u32 a, u32 b) {
-    u32 r;
-    asm("max.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-    return r;
-}
+// max |x| of two chunks (an NVFP4 block of 16), as fp32: packed bf16x2 maxima of magnitudes
+// (bmax_abs2 takes |.| of its inputs itself); the result's sign, the XOR of the inputs' signs, is
+// dropped at the end.
 __device__ __forceinline__ float block_amax2(const uint4& v, const uint4& w) {
     const u32 m = bmax_abs2(bmax_abs2(bmax_abs2(v.x, v.y), bmax_abs2(v.z, v.w)),
                             bmax_abs2(bmax_abs2(w.x, w.y), bmax_abs2(w.z, w.w)));
@@ -91,21 +81,6 @@ __device__ __forceinline__ int chunk_non_finite(const uint4& v) {
 #pragma unroll
     for (int k = 0; k < 4; ++k) n += ((w[k] & 0x7f80u) == 0x7f80u) + ((w[k] & 0x7f800000u) == 0x7f800000u);
     return n;
-}
-// Two fp32 -> two E4M3 bytes (round to nearest even, saturating): hi in bits 8..15, lo in 0..7.
-__device__ __forceinline__ u32 e4m3x2(float hi, float lo) {
-    u16 r;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-// E4M3 bits (0..126, positive) -> fp32, exactly: the hardware E4M3 -> f16 conversion (every E4M3
-// value is an f16 value), then f16 -> f32. Two instructions instead of a bit-field decode with a
-// subnormal branch.
-__device__ __forceinline__ float e4m3_value(u32 b) {
-    float r;
-    asm("{ .reg .b16 lo, hi; .reg .b32 h2; mov.b32 {lo, hi}, %1; cvt.rn.f16x2.e4m3x2 h2, lo;"
-        " mov.b32 {lo, hi}, h2; cvt.f32.f16 %0, lo; }" : "=f"(r) : "r"(b));
-    return r;
 }
 // |y| in [0, 6.375] -> E2M1 magnitude code 0..7, nearest, ties to even. The codes are 2|y| rounded
 // below 2, 2 + |y| rounded in [2, 4) and 4 + |y|/2 rounded in [4, 6.375] (7 for all of (6, 6.375],

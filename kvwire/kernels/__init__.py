@@ -5,8 +5,11 @@
 - ``kvwire.kernels.paged_decode``: ``paged_decode_attention`` (split-KV paged decode over pages + bf16
   tail) and ``paged_decode_reference``.
 - ``kvwire.kernels.chunk_attention``: ``paged_chunk_attention`` (chunked prefill / prefix hits) and
-  ``paged_chunk_reference``.
+  ``paged_chunk_reference``; its tile and split policy in ``chunk_plan``.
+- ``paged_decode_cuda`` / ``quantize_cuda``: the CUDA kernels of ``cuda/`` (compiled by NVRTC), and
+  ``cuda_emulator``, which runs them on the CPU for the tests.
 
 The submodules import triton; on CPU tensors (without TRITON_INTERPRET=1) every launcher runs its
-torch reference instead. Benchmarks and measured numbers: docs/benchmarks.md.
+torch reference instead; with it, Triton kernels run in Triton's interpreter and, for the "cuda"
+backend, the CUDA kernels in the warp emulator. Benchmarks and measured numbers: docs/benchmarks.md.
 """

@@ -40,7 +40,7 @@ from kvwire.kernels._common import (
     bf16_bits_to_f32, check_storage, elem_code, gran_code, interpreting, num_sms, part_offsets,
     pow2, read_pages_reference, static_arg, use_triton,
 )
-from kvwire.kernels import paged_decode_cuda
+from kvwire.kernels import cuda_emulator, paged_decode_cuda
 from kvwire.kernels.paged_decode_packed import _decode_split_packed_kernel, heads_per_program
 from kvwire.kernels.tile_loads import load_kv_tile, load_nvfp4_ab, nvfp4_perm
 
@@ -294,7 +294,9 @@ def paged_decode_attention(q: torch.Tensor, storage: torch.Tensor, page_format: 
         return out
     hw = (not interpreting()) if _hw is None else _hw
     dev = storage.device
-    cuda_kernel = paged_decode_cuda.select(backend, f, hq, q, hw and not packed)
+    # the CUDA kernel on the GPU; on the CPU (interpreter) in the warp emulator, when asked for by name
+    emulate = backend == "cuda" and cuda_emulator.emulated(dev)
+    cuda_kernel = paged_decode_cuda.select(backend, f, hq, q, (hw or emulate) and not packed)
     cfg = default_config(f, bsz, page_table.shape[1], dev, hq, packed)
     splits = num_splits or cfg["num_splits"]
     if cuda_kernel is not None and not num_splits:

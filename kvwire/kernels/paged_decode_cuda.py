@@ -9,7 +9,9 @@ Triton kernel could not get there is in docs/benchmarks.md.
 
 Scope (``supports``): both K and V FP8 or NVFP4 (any FP8 granularity), page size 16, head_dim 64 or
 128, up to 8 query heads per KV head, q in bf16 or fp32, a GPU with E4M3 conversions (sm_89+).
-Everything else, and CPU/interpreter runs, uses the Triton kernel or the torch reference.
+Everything else uses the Triton kernel or the torch reference. On the CPU under Triton's
+interpreter (``TRITON_INTERPRET=1``), the "cuda" backend runs this kernel in the warp emulator
+(``cuda_emulator.py``, for tests), as an sm_90 GPU of ``EMULATED_SMS`` SMs.
 """
 from __future__ import annotations
 
@@ -19,7 +21,9 @@ from dataclasses import dataclass
 import torch
 
 from kvwire.formats import ElementType, Granularity, PageFormat
+from kvwire.kernels import cuda_emulator
 from kvwire.kernels._common import elem_code, gran_code
+from kvwire.kernels.cuda_emulator import emulated
 from kvwire.kernels.nvrtc import CudaKernel, NvrtcUnavailableError, choose, load_kernel
 
 SOURCE = "paged_decode_split.cu"
@@ -63,14 +67,24 @@ def supports(page_format: PageFormat, num_q_heads: int, q: torch.Tensor) -> bool
     """Whether the CUDA split kernel covers this format, shape and device."""
     f = page_format
     compact = (ElementType.FP8, ElementType.NVFP4)
-    if not q.is_cuda or f.kv.key.element not in compact or f.kv.value.element not in compact:
+    if not (q.is_cuda or emulated(q.device)) or f.kv.key.element not in compact or f.kv.value.element not in compact:
         return False
     g = num_q_heads // f.num_kv_heads
     if f.page_size != 16 or f.head_dim not in (64, 128) or not 1 <= g <= 8:
         return False
     if q.dtype not in (torch.bfloat16, torch.float32) or q.stride(-1) != 1:
         return False
-    return torch.cuda.get_device_capability(q.device) >= (8, 9)
+    return emulated(q.device) or torch.cuda.get_device_capability(q.device) >= (8, 9)
+
+
+def _capability(device: torch.device) -> tuple[int, int]:
+    return (9, 0) if emulated(device) else torch.cuda.get_device_capability(device)
+
+
+def _sms(device: torch.device) -> int:
+    if emulated(device):
+        return cuda_emulator.EMULATED_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def tuning_for(page_format: PageFormat) -> dict[str, int]:
@@ -88,10 +102,12 @@ def kernel_for(page_format: PageFormat, num_q_heads: int, q_dtype: torch.dtype,
         "KELEM": elem_code(f.kv.key), "KGRAN": gran_code(f.kv.key), "VELEM": elem_code(f.kv.value),
         "VGRAN": gran_code(f.kv.value), "QF32": int(q_dtype == torch.float32), **tuning_for(f), **(overrides or {}),
     }
-    if torch.cuda.get_device_capability(device) < (9, 0):
+    if _capability(device) < (9, 0):
         defines["STAGES"] = 0                      # the bulk-copy engine is sm_90+
     if defines["WHOLEPAGE"]:
         defines["NW"] = heads_per_block(f.num_kv_heads, defines["NW"])
+    if emulated(device):
+        return cuda_emulator.load_emulated(SOURCE, KERNEL, defines)
     return load_kernel(SOURCE, KERNEL, defines, device)
 
 
@@ -151,7 +167,7 @@ def kernels_for(page_format: PageFormat, num_q_heads: int, q_dtype: torch.dtype,
     deep = kernel_for(page_format, num_q_heads, q_dtype, device, {"STAGES": stages}) if stages else None
     if deep is None or not deep.defines["STAGES"]:
         return DecodeKernels(regular)
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sms = _sms(device)
     return DecodeKernels(regular, deep, DEEP_GRID_WAVES * sms * max(1, deep.blocks_per_sm(32 * deep.defines["NW"])))
 
 
@@ -177,7 +193,7 @@ DEPENDENT_LAUNCH = True
 
 def dependent_launch(device: torch.device) -> bool:
     """Whether the reduce kernel is launched as a programmatic dependent on ``device``."""
-    return DEPENDENT_LAUNCH and torch.cuda.get_device_capability(device) >= (9, 0)
+    return DEPENDENT_LAUNCH and not emulated(device) and _capability(device) >= (9, 0)
 
 
 def default_splits(kernel: CudaKernel, batch: int, kv_heads: int, max_pages: int, device: torch.device) -> int:
@@ -187,7 +203,7 @@ def default_splits(kernel: CudaKernel, batch: int, kv_heads: int, max_pages: int
     partial wave idles most of them, so pick s (at least MIN_PAGES_PER_WARP pages per warp) that
     maximises blocks / (waves x wave size); ties go to fewer splits (fewer partials to merge).
     """
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sms = _sms(device)
     num_warps = kernel.defines["NW"]
     wave = sms * max(1, kernel.blocks_per_sm(32 * num_warps))
     rows = grid(kernel, 1, batch, kv_heads)[1]

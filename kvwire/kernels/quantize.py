@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from kvwire.formats import ElementType, PageFormat
-from kvwire.kernels import quantize_cuda
+from kvwire.kernels import cuda_emulator, quantize_cuda
 from kvwire.kernels._common import (
     check_storage, e4m3_decode, e4m3_encode, elem_code, gran_code, interpreting, part_offsets, pow2,
     store_sections, use_triton,
@@ -194,8 +194,10 @@ def write_pages(storage: torch.Tensor, page_format: PageFormat, layer: int, part
     flag = torch.zeros(1, dtype=torch.int32, device=storage.device)
     static = (static_scale.to(device=storage.device, dtype=torch.float32).contiguous()
               if static_scale is not None and fmt.has_static_scales else flag.float())
+    # the CUDA kernel on the GPU; on the CPU (interpreter) in the warp emulator, when asked for by name
+    emulate = backend == "cuda" and cuda_emulator.emulated(storage.device)
     cuda_kernel = quantize_cuda.select(backend, f, part, x, storage, check_finite,
-                                       hw and _heads_per_program is None and not _hw_block_scale)
+                                       (hw or emulate) and _heads_per_program is None and not _hw_block_scale)
     if cuda_kernel is not None:
         quantize_cuda.launch(cuda_kernel, f, part, x, ids, storage, (data_off, s_off, bs_off, gs_off), static, flag)
     else:

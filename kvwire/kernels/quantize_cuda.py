@@ -9,8 +9,9 @@ layout shuffles.
 
 Scope (``supports``): FP8 (any granularity) or NVFP4, bf16 input whose head_dim is contiguous and
 16-byte aligned, head_dim 64 or 128, a page of at least 256 elements (P * D / 8 chunks that split
-into whole warps). Everything else, and CPU/interpreter runs, use the Triton kernel or the torch
-reference.
+into whole warps). Everything else uses the Triton kernel or the torch reference. On the CPU under
+Triton's interpreter (``TRITON_INTERPRET=1``), the "cuda" backend runs this kernel in the warp
+emulator (``cuda_emulator.py``, for tests).
 """
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ import ctypes
 import torch
 
 from kvwire.formats import ElementType, PageFormat
+from kvwire.kernels import cuda_emulator
 from kvwire.kernels._common import gran_code
+from kvwire.kernels.cuda_emulator import emulated
 from kvwire.kernels.nvrtc import CudaKernel, NvrtcUnavailableError, choose, load_kernel
 
 SOURCE = "quantize_pages.cu"
@@ -45,13 +48,15 @@ def supports(page_format: PageFormat, part: int, x: torch.Tensor, storage: torch
     """Whether the CUDA kernel covers this part's format, this input and this device."""
     f = page_format
     fmt = f.part_format(part)
-    if not x.is_cuda or x.dtype != torch.bfloat16 or fmt.element not in (ElementType.FP8, ElementType.NVFP4):
+    if not (x.is_cuda or emulated(x.device)) or x.dtype != torch.bfloat16:
+        return False
+    if fmt.element not in (ElementType.FP8, ElementType.NVFP4):
         return False
     if f.head_dim not in (64, 128) or chunks_per_thread(f, part) is None:
         return False
     if x.stride(3) != 1 or any(s % 8 for s in x.stride()[:3]) or x.data_ptr() % 16 or storage.data_ptr() % 16:
         return False
-    return torch.cuda.get_device_capability(x.device) >= (8, 9)
+    return emulated(x.device) or torch.cuda.get_device_capability(x.device) >= (8, 9)
 
 
 def kernel_for(page_format: PageFormat, part: int, check_finite: bool, device: torch.device) -> CudaKernel:
@@ -60,6 +65,8 @@ def kernel_for(page_format: PageFormat, part: int, check_finite: bool, device: t
     defines = {"H": f.num_kv_heads, "P": f.page_size, "D": f.head_dim, "CPL": chunks_per_thread(f, part),
                "ELEM": 1 if fmt.element is ElementType.FP8 else 2, "GRAN": gran_code(fmt),
                "CHECK": int(check_finite), "DIVSTEPS": DIVISION_STEPS, **DEFAULT_TUNING, **TUNING}
+    if emulated(device):
+        return cuda_emulator.load_emulated(SOURCE, KERNEL, defines)
     return load_kernel(SOURCE, KERNEL, defines, device)
 
 

@@ -1,5 +1,6 @@
-"""Backend choice of paged decode on the CPU: the CUDA kernel is never picked here, and asking for it
-says why (its numerics are checked on the GPU in test_gpu_cuda_decode.py)."""
+"""Backend choice of paged decode on the CPU: "auto" never picks the CUDA kernel here, "cuda" runs it
+in the warp emulator under the interpreter and says why not elsewhere (its numerics are checked in
+test_cuda_emulator.py and, on the GPU, in test_gpu_cuda_decode.py)."""
 import pytest
 import torch
 
@@ -19,7 +20,11 @@ def _args(name="fp8-token/nvfp4"):
             tail, torch.tensor([0], dtype=torch.int32), torch.tensor([9], dtype=torch.int32), static)
 
 
-def test_cuda_backend_on_cpu_raises_with_the_reason():
+def test_cuda_backend_on_cpu_raises_with_the_reason(monkeypatch):
+    with pytest.raises(ValueError, match="does not cover format bf16/nvfp4"):
+        paged_decode_attention(*_args("bf16/nvfp4"), backend="cuda")
+    import kvwire.kernels.paged_decode as pd
+    monkeypatch.setattr(pd, "use_triton", lambda t: False)                               # no interpreter
     with pytest.raises(ValueError, match="does not cover .* on cpu"):
         paged_decode_attention(*_args(), backend="cuda")
 
@@ -29,9 +34,10 @@ def test_unknown_backend_raises():
         paged_decode_attention(*_args(), backend="cutlass")
 
 
-def test_auto_on_cpu_matches_the_reference():
+def test_auto_on_cpu_matches_the_reference(monkeypatch):
+    from kvwire.kernels import cuda_emulator
+    monkeypatch.setattr(cuda_emulator, "load_emulated", lambda *a, **k: pytest.fail("auto built an emulated kernel"))
     args = _args()
-    assert not paged_decode_cuda.supports(args[2], 8, args[0])
     assert rel_err(paged_decode_attention(*args), paged_decode_reference(*args)) < 1e-4
 
 

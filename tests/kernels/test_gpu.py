@@ -3,10 +3,9 @@ import pytest
 import torch
 
 from kvwire.kernels.chunk_attention import paged_chunk_attention, paged_chunk_reference
-from kvwire.kernels.paged_decode import paged_decode_attention, paged_decode_reference
 from kvwire.kernels.quantize import write_pages, write_pages_reference
 
-from .helpers import ALL_UNIFORM, MIXED, make_format, make_pool, random_kv, rel_err
+from .helpers import ALL_UNIFORM, MIXED, check_decode, decode_problem, make_format, make_pool, random_kv, rel_err
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 DEV = "cuda"
@@ -73,65 +72,34 @@ def test_quantize_non_finite_raises():
         write_pages(storage, f, 0, 0, torch.arange(4, device=DEV), x)
 
 
-def _decode_problem(name, gqa=4, heads=8, head_dim=128, num_pages=(600, 37, 0, 251), tail_len=(16, 3, 1, 9),
-                    q_dtype=torch.bfloat16, seed=0):
-    gen = torch.Generator(device=DEV).manual_seed(seed)
-    f = make_format(name, page_size=16, layers=2, heads=heads, head_dim=head_dim)
-    pool = sum(num_pages) + 64
-    storage, static = make_pool(f, pool, gen, DEV, empty=True)
-    b = len(num_pages)
-    pt = torch.zeros((b, max(num_pages) + 3), dtype=torch.int32, device=DEV)
-    perm = torch.randperm(pool, device=DEV, generator=gen).int()
-    o = 0
-    for i, n in enumerate(num_pages):
-        pt[i, :n] = perm[o:o + n]
-        o += n
-    tail = torch.randn((b + 1, 2, 2, heads, 16, head_dim), device=DEV, generator=gen).to(torch.bfloat16)
-    q = torch.randn((b, gqa * heads, head_dim), device=DEV, generator=gen).to(q_dtype)
-    return (q, storage, f, 1, pt, torch.tensor(num_pages, dtype=torch.int32, device=DEV), tail,
-            torch.arange(b, dtype=torch.int32, device=DEV) + 1, torch.tensor(tail_len, dtype=torch.int32, device=DEV),
-            static)
-
-
-def _check_decode(args, tol, **launch):
-    q = args[0]
-    out = torch.full_like(q, float("nan"))
-    paged_decode_attention(*args, out=out, **launch)
-    ref = paged_decode_reference(*args)
-    assert not out.isnan().any(), "an output was left unwritten"
-    err = rel_err(out, ref)
-    print(f"rel err {err:.2e}")
-    assert err < tol, f"relative error {err:.2e}"
-
-
 @pytest.mark.parametrize("backend", ["triton", "auto"])
 @pytest.mark.parametrize("name", ALL_UNIFORM + MIXED)
 def test_decode_formats(name, backend):
-    _check_decode(_decode_problem(name), 1e-2, backend=backend)
+    check_decode(decode_problem(DEV, name), 1e-2, backend=backend)
 
 
 @pytest.mark.parametrize("name,gqa,head_dim", [("fp8-token/nvfp4", 1, 128), ("fp8-token/nvfp4", 8, 128),
                                                ("nvfp4", 8, 64), ("fp8-token", 3, 64), ("bf16", 4, 64)])
 def test_decode_gqa_and_head_dim(name, gqa, head_dim):
-    _check_decode(_decode_problem(name, gqa=gqa, head_dim=head_dim, heads=4), 1e-2, backend="triton")
+    check_decode(decode_problem(DEV, name, gqa=gqa, head_dim=head_dim, heads=4), 1e-2, backend="triton")
 
 
 @pytest.mark.parametrize("name", ["fp8-token/nvfp4", "nvfp4", "fp8-tensor"])
 def test_decode_fp32_q_tight(name):
-    _check_decode(_decode_problem(name, q_dtype=torch.float32), 4e-3, backend="triton")
+    check_decode(decode_problem(DEV, name, q_dtype=torch.float32), 4e-3, backend="triton")
 
 
 @pytest.mark.parametrize("launch", [{"_hw": False}, {"nvfp4_asm": False}, {"num_splits": 7, "block_n": 64},
                                     {"v_fp8_asm": False}, {"packed": True}, {"packed": True, "_hw": False}],
                          ids=["bit-ops-path", "no-asm", "splits", "fp8-v-cast", "packed", "packed-bit-ops"])
 def test_decode_variants(launch):
-    _check_decode(_decode_problem("fp8-token/nvfp4", q_dtype=torch.float32), 4e-3 if "_hw" not in launch else 1e-4,
+    check_decode(decode_problem(DEV, "fp8-token/nvfp4", q_dtype=torch.float32), 4e-3 if "_hw" not in launch else 1e-4,
                   backend="triton", **launch)
 
 
 @pytest.mark.parametrize("name", ["bf16", "fp8-tensor", "fp8-token", "nvfp4"])
 def test_decode_packed_kernel(name):
-    _check_decode(_decode_problem(name), 1e-2, packed=True)
+    check_decode(decode_problem(DEV, name), 1e-2, packed=True)
 
 
 def test_decode_page_ids_past_65536_and_offsets_past_2_31():
@@ -145,7 +113,7 @@ def test_decode_page_ids_past_65536_and_offsets_past_2_31():
     args = (torch.randn((2, 32, 128), device=DEV, generator=gen), storage, f, 1, used.view(2, 3).int(),
             torch.tensor([3, 3], dtype=torch.int32, device=DEV), tail, torch.tensor([1, 0], dtype=torch.int32, device=DEV),
             torch.tensor([16, 2], dtype=torch.int32, device=DEV), static)
-    _check_decode(args, 4e-3, backend="triton")
+    check_decode(args, 4e-3, backend="triton")
 
 
 CHUNK_TILES = {"default": {}, "64x32x4": {"rows": 64, "block_n": 32, "num_warps": 4, "num_stages": 2},

@@ -1,7 +1,7 @@
 """The CUDA (NVRTC) quantise-on-write kernel: bit-identical to the torch reference on a GPU.
 
-Skipped without CUDA (there is no CUDA interpreter); the CPU suite runs the Triton kernel that
-writes the same bytes, and checks the dispatch and the kernel's scope in test_quantize.py.
+Skipped without CUDA. On the CPU, test_cuda_emulator.py runs the same kernel in the warp emulator
+(kvwire/kernels/cuda_emulator.py); test_quantize.py checks the dispatch and the kernel's scope.
 """
 import pytest
 import torch
@@ -10,7 +10,7 @@ from kvwire.kernels import quantize_cuda
 from kvwire.kernels.quantize import write_pages, write_pages_reference
 from kvwire.quant import NonFiniteInputError
 
-from .helpers import make_format, random_kv
+from .helpers import check_quantize_bit_identical, make_format, random_kv
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 DEV = "cuda"
@@ -61,42 +61,13 @@ def division_steps(request, monkeypatch):
     return request.param
 
 
-def _special_pages(x: torch.Tensor, name: str, gen: torch.Generator) -> None:
-    """Pages that reach every branch: all zero, tiny (div.rn path), ties at every rounding point."""
-    n, p, h, d = x.shape
-    x[0] = 0
-    x[1] *= 1e-7
-    x[2] *= 1e-30                        # scales below 2^-80: exact division by div.rn
-    x[3, :, :, ::3] = -0.0               # negative zeros keep their sign
-    # Exact ties: with a page amax of 448 (fp8) or 2688 (nvfp4) the scales are powers of two, so
-    # x / scale lands exactly on the E4M3 / E2M1 rounding midpoints.
-    sign = 1 - 2 * (torch.arange(p * h * d) % 2).reshape(p, h, d)
-    if name == "nvfp4":
-        mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 0.125, 0.3125, 1.125, 6.5, 9.0, 13.0])
-        vals = mids[torch.arange(p * h * d) % len(mids)].reshape(p, h, d)
-        blocks = torch.tensor([1.0, 2.0, 0.5, 4.0]).repeat_interleave(16).repeat(d // 64)
-        x[4] = vals.clamp(max=6.0) * blocks * sign
-        x[4, :, :, ::16] = 6.0 * blocks[::16]        # each block's amax: 6 x a power of two
-        x[4, 0, :, 0] = 2688.0                          # page amax: global scale 1
-        # Blocks far below their page's amax: subnormal E4M3 block scales, whose rounding can put
-        # |x / s| far past 6 (the clamped path), next to blocks with normal scales.
-        x[5, :, :, 16:32] *= 1e-5
-        x[5, :, :, 48:64] *= 3e-5
-    else:
-        # 1.xxxx * 2^j: five significant bits, E4M3 keeps four, so half of them are exact ties
-        # (subnormal E4M3 ones included, j down to -12).
-        sig = torch.randint(16, 32, (p, h, d), generator=gen) / 16.0
-        x[4] = sig * torch.exp2(torch.randint(-12, 8, (p, h, d), generator=gen).float()) * sign
-        x[4, :, :, 1] = 448.0                           # page and token amax 448: scale 1
-
-
 SHAPES = [(8, 128, 16), (3, 64, 16), (5, 64, 32), (2, 128, 4)]
 
 
 @pytest.mark.parametrize("name", COMPACT)
 @pytest.mark.parametrize("heads,head_dim,page_size", SHAPES)
 def test_cuda_quantize_bit_identical(name, heads, head_dim, page_size, division_steps):
-    _check_bit_identical(name, heads, head_dim, page_size)
+    check_quantize_bit_identical(DEV, name, heads, head_dim, page_size)
 
 
 @pytest.mark.parametrize("variant", [{"NOCLAMP": 0, "AMAX2": 0}, {"NOCLAMP": 1, "AMAX2": 0}, {"NOCLAMP": 0, "AMAX2": 1}],
@@ -106,34 +77,14 @@ def test_cuda_quantize_nvfp4_variants_bit_identical(variant, heads, head_dim, pa
     """The NVFP4 path's other compile-time variants (quantize_cuda.TUNING) against the reference
     (the shipped one, NOCLAMP and AMAX2, is test_cuda_quantize_bit_identical's)."""
     monkeypatch.setattr(quantize_cuda, "TUNING", {**quantize_cuda.TUNING, **variant})
-    _check_bit_identical("nvfp4", heads, head_dim, page_size)
+    check_quantize_bit_identical(DEV, "nvfp4", heads, head_dim, page_size)
 
 
 @pytest.mark.parametrize("name", ["nvfp4", "fp8-token"])
 def test_cuda_quantize_other_chunks_per_thread_bit_identical(name, monkeypatch):
     """CPL from TUNING: the launch takes its block size from the compiled kernel."""
     monkeypatch.setattr(quantize_cuda, "TUNING", {**quantize_cuda.TUNING, "CPL": 4})
-    _check_bit_identical(name, 8, 128, 16)
-
-
-def _check_bit_identical(name, heads, head_dim, page_size):
-    gen = torch.Generator().manual_seed(heads * 7 + head_dim + page_size)
-    f = make_format(name, page_size=page_size, layers=2, heads=heads, head_dim=head_dim)
-    n, pool = 300, 512
-    storage = torch.randint(0, 256, (pool, f.page_bytes), dtype=torch.uint8, generator=gen)
-    expect = storage.clone()
-    storage = storage.to(DEV)
-    ids = torch.randperm(pool, generator=gen)[:n]
-    static = torch.rand((2, heads), generator=gen) * 0.01 + 0.001
-    static[1, 0] = 1e-12                                 # far below the data: saturates, |x/s| > 2^60
-    for part in (0, 1):
-        x = random_kv((n, page_size, heads, head_dim), gen)
-        _special_pages(x, name, gen)
-        x = x.to(torch.bfloat16)
-        write_pages(storage, f, 1, part, ids.to(DEV), x.to(DEV), static[part].to(DEV), backend="cuda")
-        write_pages_reference(expect, f, 1, part, ids, x, static[part])
-    diff = int((storage.cpu() != expect).sum())
-    assert diff == 0, f"{diff} bytes differ from the CPU reference"
+    check_quantize_bit_identical(DEV, name, 8, 128, 16)
 
 
 @pytest.mark.parametrize("name", ["fp8-token", "nvfp4"])

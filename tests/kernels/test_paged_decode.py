@@ -3,9 +3,8 @@ import pytest
 import torch
 
 from kvwire.kernels._common import interpreting
-from kvwire.kernels.paged_decode import paged_decode_attention, paged_decode_reference
 
-from .helpers import ALL_UNIFORM, MIXED, make_format, make_pool, rel_err
+from .helpers import ALL_UNIFORM, MIXED, check_decode, make_format, make_pool
 
 pytestmark = pytest.mark.skipif(not interpreting(), reason="interpreter tests (TRITON_INTERPRET=1, set without CUDA)")
 
@@ -29,42 +28,31 @@ def build(name, gqa=4, heads=2, head_dim=64, page_size=16, num_pages=(5, 0, 11),
     return args
 
 
-def check(args, tol, **launch):
-    q = args[0]
-    out = torch.full_like(q, float("nan"))
-    paged_decode_attention(*args, out=out, **launch)
-    ref = paged_decode_reference(*args)
-    assert not out.isnan().any(), "an output was left unwritten"
-    err = rel_err(out, ref)
-    assert err < tol, f"relative error {err:.2e}"
-    return err
-
-
 @pytest.mark.parametrize("name", ALL_UNIFORM + MIXED)
 def test_formats(name):
-    check(build(name), 1e-4)
+    check_decode(build(name), 1e-4)
 
 
 @pytest.mark.parametrize("gqa", [1, 3, 8])
 def test_gqa_ratios(gqa):
-    check(build("fp8-token/nvfp4", gqa=gqa, seed=gqa), 1e-4)
+    check_decode(build("fp8-token/nvfp4", gqa=gqa, seed=gqa), 1e-4)
 
 
 def test_head_dim_128_bf16_q_and_splits():
     # bf16 in and out: the output rounding dominates the error
     args = build("nvfp4", head_dim=128, q_dtype=torch.bfloat16, num_pages=(7, 3), tail_len=(5, 16))
-    check(args, 1e-2, num_splits=3, block_n=32)        # 3 splits: some short, one empty for row 1
+    check_decode(args, 1e-2, num_splits=3, block_n=32)        # 3 splits: some short, one empty for row 1
 
 
 def test_odd_contexts_partial_tail_many_splits():
     args = build("fp8-page/fp8-token", page_size=8, num_pages=(9, 1, 4, 2), tail_len=(3, 8, 1, 5))
-    check(args, 1e-4, num_splits=5, block_n=16)        # tiles straddle pages (P=8 < 16)
+    check_decode(args, 1e-4, num_splits=5, block_n=16)        # tiles straddle pages (P=8 < 16)
 
 
 @pytest.mark.parametrize("name", ["fp8-token/nvfp4", "bf16/fp8-tensor"])
 def test_packed_heads_kernel(name):
-    check(build(name, gqa=3), 1e-4, packed=True)
-    check(build(name, gqa=4, heads=4, seed=5), 1e-4, packed=True)
+    check_decode(build(name, gqa=3), 1e-4, packed=True)
+    check_decode(build(name, gqa=4, heads=4, seed=5), 1e-4, packed=True)
 
 
 def test_page_ids_past_65536_and_offsets_past_2_31():
@@ -79,4 +67,4 @@ def test_page_ids_past_65536_and_offsets_past_2_31():
     tail = torch.randn((2, 2, 2, 2, 16, 64), generator=gen).to(torch.bfloat16)
     args = (torch.randn((2, 8, 64), generator=gen), storage, f, 1, pt, torch.tensor([3, 3], dtype=torch.int32),
             tail, torch.tensor([1, 0], dtype=torch.int32), torch.tensor([16, 2], dtype=torch.int32), static)
-    check(args, 1e-4)
+    check_decode(args, 1e-4)

@@ -1,5 +1,6 @@
-"""Backend choice of quantise-on-write on the CPU: the CUDA kernel is never picked here, asking for
-it says why, and its scope is what the docstring says (its bytes are checked on the GPU in
+"""Backend choice of quantise-on-write on the CPU: "auto" never picks the CUDA kernel here, "cuda"
+runs it in the warp emulator under the interpreter and says why not elsewhere, and its scope is
+what the docstring says (its bytes are checked in test_cuda_emulator.py and, on the GPU, in
 test_gpu_cuda_quantize.py)."""
 import pytest
 import torch
@@ -18,9 +19,14 @@ def _args(name="nvfp4"):
     return storage, f, 0, 0, torch.tensor([4, 0, 2]), x
 
 
-def test_cuda_backend_on_cpu_raises_with_the_reason():
-    with pytest.raises(ValueError, match="CUDA quantise kernel"):
-        write_pages(*_args(), backend="cuda")
+def test_cuda_backend_on_cpu_raises_with_the_reason(monkeypatch):
+    args = _args()
+    with pytest.raises(ValueError, match="CUDA quantise kernel does not cover"):        # fp32: out of scope
+        write_pages(*args[:-1], args[-1].float(), backend="cuda")
+    import kvwire.kernels.quantize as qz
+    monkeypatch.setattr(qz, "use_triton", lambda t: False)                               # no interpreter
+    with pytest.raises(ValueError, match="CUDA quantise kernel needs CUDA tensors"):
+        write_pages(*args, backend="cuda")
 
 
 def test_unknown_backend_raises():
@@ -28,7 +34,9 @@ def test_unknown_backend_raises():
         write_pages(*_args(), backend="cutlass")
 
 
-def test_auto_on_cpu_writes_the_reference_bytes():
+def test_auto_on_cpu_writes_the_reference_bytes(monkeypatch):
+    from kvwire.kernels import cuda_emulator
+    monkeypatch.setattr(cuda_emulator, "load_emulated", lambda *a, **k: pytest.fail("auto built an emulated kernel"))
     args = _args()
     expect = args[0].clone()
     write_pages(*args)

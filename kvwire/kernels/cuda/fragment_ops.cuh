@@ -1,5 +1,7 @@
-// PTX helpers of the decode kernel: conversions into mma.sync fragments (E4M3x2 -> f16x2, E2M1
-// bit placement), the m16n8k16 MMA, read-only global loads and page addressing. Included by name
+// PTX primitives of the decode kernel: conversions into mma.sync fragments (E4M3x2 -> f16x2), f16
+// and fp32 arithmetic, the m16n8k16 MMA, read-only global loads and page addressing. Only
+// primitives live here, so that the CPU emulator (cuda/emu/fragment_ops.cuh,
+// kvwire/kernels/cuda_emulator.py) can stand in for them. Included by name
 // (kvwire/kernels/nvrtc.py hands NVRTC every *.cuh of this directory).
 #pragma once
 
@@ -30,10 +32,6 @@ __device__ __forceinline__ u32 hmul2(u32 a, u32 b) {
     asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
     return r;
 }
-// E2M1 codes (low nibble = even element) -> E4M3 bytes of value * 2^-6: bit placement.
-__device__ __forceinline__ u32 e2m1_lo_to_e4m3(u32 w) { return ((w << 4) & 0x80808080u) | ((w << 2) & 0x1C1C1C1Cu); }
-__device__ __forceinline__ u32 e2m1_hi_to_e4m3(u32 w) { return (w & 0x80808080u) | ((w >> 2) & 0x1C1C1C1Cu); }
-
 __device__ __forceinline__ void mma16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])

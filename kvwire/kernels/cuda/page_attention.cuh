@@ -5,6 +5,10 @@
 // relies on is described at the top of that file.
 #pragma once
 
+// E2M1 codes (low nibble = even element) -> E4M3 bytes of value * 2^-6: bit placement.
+__device__ __forceinline__ u32 e2m1_lo_to_e4m3(u32 w) { return ((w << 4) & 0x80808080u) | ((w << 2) & 0x1C1C1C1Cu); }
+__device__ __forceinline__ u32 e2m1_hi_to_e4m3(u32 w) { return (w & 0x80808080u) | ((w >> 2) & 0x1C1C1C1Cu); }
+
 struct SoftmaxState {
     float m0, m1;                    // running max of heads 2ci, 2ci+1 (log2 units)
     float l0, l1;                    // this lane's share of the softmax sums

@@ -13,6 +13,7 @@ the CUDA backend by name; "auto" on the CPU stays on Triton. Libraries are built
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import platform
@@ -36,6 +37,11 @@ COMPILE_FLAGS = ["-std=c++20", "-O1", "-fPIC", "-shared", "-ffp-contract=off", "
 
 class EmulatorUnavailableError(RuntimeError):
     """No C++ compiler, or a host the emulator does not support (it needs x86-64)."""
+
+
+@functools.lru_cache(maxsize=None)
+def _compiler_version(cxx: str) -> str:
+    return subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
 
 
 def compiler() -> str:
@@ -107,7 +113,8 @@ def load_emulated(source_file: str, kernel: str, defines: dict[str, int],
                 ' unsigned bz, void** args, char* err, size_t n) {\n'
                 f'    return kvemu::launch(&{kernel}, {{gx, gy, gz}}, {{bx, by, bz}}, args, err, n);\n}}\n')
     flags = COMPILE_FLAGS + [f"-D{k}={v}" for k, v in sorted(defines.items())]
-    digest = hashlib.sha256(repr((sorted(sources.items()), launcher, flags, cxx)).encode()).hexdigest()[:24]
+    key = (sorted(sources.items()), launcher, flags, cxx, _compiler_version(cxx))
+    digest = hashlib.sha256(repr(key).encode()).hexdigest()[:24]
     if digest in _LOADED:
         return _LOADED[digest]
     lib_path = _build_dir() / f"{kernel}-{digest}.so"

@@ -51,6 +51,21 @@ def test_emulated_decode_gqa_and_head_dim(name, gqa, head_dim):
     check_decode(decode_problem(DEV, name, gqa=gqa, head_dim=head_dim, heads=4, **SMALL), 1e-2, backend="cuda")
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_emulated_decode_random_shapes(seed, monkeypatch):
+    """Shapes the fixed tests do not pick: any GQA ratio 1-8, 1-8 KV heads, sequences of 0-33 pages
+    with any tail, a random code path and split count (a different draw per seed)."""
+    import random
+    rng = random.Random(seed)
+    name = rng.choice(COMPACT)
+    batch = rng.randint(1, 4)
+    monkeypatch.setattr(paged_decode_cuda, "TUNING", dict(rng.choice(DECODE_VARIANTS)))
+    args = decode_problem(DEV, name, gqa=rng.randint(1, 8), heads=rng.choice([1, 2, 3, 5, 6, 8]),
+                          head_dim=rng.choice([64, 128]), num_pages=tuple(rng.randint(0, 33) for _ in range(batch)),
+                          tail_len=tuple(rng.randint(1, 16) for _ in range(batch)), q_dtype=torch.float32, seed=seed)
+    check_decode(args, 4e-3, backend="cuda", num_splits=rng.choice([None, 1, 2, 5, 40]))
+
+
 @pytest.mark.parametrize("splits", [None, 1, 13, 64])
 def test_emulated_decode_any_split_count(splits):
     """The default split policy (an emulated 132-SM GPU), more splits than a sequence has pages, and

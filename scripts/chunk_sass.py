@@ -32,6 +32,9 @@ from kvwire.formats import KVFormat, PageFormat  # noqa: E402
 from kvwire.kernels._common import elem_code, gran_code  # noqa: E402
 from kvwire.kernels.chunk_attention import _chunk_kernel  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import sass_loops  # noqa: E402
+
 POINTERS = {"q_ptr": "*bf16", "qpos_ptr": "*i64", "st8": "*u8", "stf8": "*fp8e4nv", "st16k": "*bf16",
             "st16v": "*bf16", "st32": "*fp32", "ids_ptr": "*i64", "static_ptr": "*fp32", "ko_ptr": "*i16",
             "vo_ptr": "*i16", "out_ptr": "*bf16", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32",
@@ -68,28 +71,9 @@ def compile_kernel(name: str, rows: int, block_n: int, warps: int, stages: int, 
 
 def main_loop_mix(sass: str) -> tuple[int, collections.Counter]:
     """The shortest loop with tensor-core instructions (the unmasked stored tiles): size and opcodes."""
-    ins, labels, pending = [], {}, None
-    for line in sass.splitlines():
-        m = re.match(r"\.L_x_(\d+):", line.strip())
-        if m:
-            pending = m.group(1)
-            continue
-        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
-        if m:
-            addr = int(m.group(1), 16)
-            ins.append((addr, m.group(2).strip()))
-            if pending is not None:
-                labels[pending], pending = addr, None
-    loops = []
-    for addr, text in ins:
-        m = re.search(r"BRA.*\.L_x_(\d+)", text)
-        if m and m.group(1) in labels and labels[m.group(1)] < addr:
-            body = [t for a, t in ins if labels[m.group(1)] <= a <= addr]
-            if any("GMMA" in t for t in body):
-                loops.append(body)
+    loops = [body for body in sass_loops.loops(sass) if any("GMMA" in t for t in body)]
     body = min(loops, key=len)
-    ops = collections.Counter((t.split()[1] if t.startswith("@") else t.split()[0]).split(".")[0] for t in body)
-    return len(body), ops
+    return len(body), sass_loops.opcode_mix(body)
 
 
 def main() -> None:

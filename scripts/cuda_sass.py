@@ -31,6 +31,9 @@ import triton  # noqa: E402
 
 from kvwire.kernels import nvrtc, paged_decode_cuda, quantize_cuda  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import sass_loops  # noqa: E402
+
 TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 ELEMENTS = {"fp8-token": (1, 1), "fp8-page": (1, 2), "fp8-tensor": (1, 3), "nvfp4": (2, 0)}
 PAIRS = [("fp8-token", "fp8-token"), ("fp8-tensor", "fp8-tensor"), ("nvfp4", "nvfp4"), ("fp8-token", "nvfp4"),
@@ -92,26 +95,9 @@ def digests() -> tuple[dict[str, str], dict[str, str]]:
 
 
 def page_loop(text: str) -> tuple[int, collections.Counter]:
-    """The largest loop (the longest backward branch): its length and instruction mix."""
-    lines = [(int(m.group(1), 16), m.group(2)) for m in
-             (re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);", line) for line in text.splitlines()) if m]
-    labels, pending = {}, None
-    for line in text.splitlines():
-        m = re.match(r"\.L_x_(\d+):", line.strip())
-        if m:
-            pending = m.group(1)
-            continue
-        a = re.match(r"\s+/\*([0-9a-f]{4,})\*/", line)
-        if a and pending is not None:
-            labels[pending], pending = int(a.group(1), 16), None
-    best = (0, 0, 0)
-    for addr, ins in lines:
-        m = re.search(r"BRA.*\.L_x_(\d+)", ins)
-        if m and m.group(1) in labels and labels[m.group(1)] < addr:
-            best = max(best, ((addr - labels[m.group(1)]) // 16 + 1, labels[m.group(1)], addr))
-    ops = collections.Counter(ins.split()[1 if ins.startswith("@") else 0].split(".")[0]
-                              for addr, ins in lines if best[1] <= addr <= best[2])
-    return best[0], ops
+    """The largest loop (the decode kernel's page loop): its length and instruction mix."""
+    body = max(sass_loops.loops(text), key=len)
+    return len(body), sass_loops.opcode_mix(body)
 
 
 def main() -> None:

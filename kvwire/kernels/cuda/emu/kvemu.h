@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -57,7 +58,7 @@ enum State { RUNNABLE, WAITING, DONE };
 
 struct Fiber {
     void* sp = nullptr;                 // saved stack pointer while switched out
-    std::vector<unsigned char> stack;
+    std::unique_ptr<unsigned char[]> stack;   // not zeroed: pages are touched only as used
     kvemu_dim3 tid{0, 0, 0};
     int lane = 0, warp = 0;
     State state = RUNNABLE;
@@ -234,7 +235,7 @@ inline int run_grid(kvemu_dim3 grid, kvemu_dim3 block, void (*body)(void*), void
     L.body = body;
     L.body_arg = arg;
     L.fibers.resize(nthreads);
-    for (Fiber& f : L.fibers) f.stack.resize(STACK_BYTES);
+    for (Fiber& f : L.fibers) f.stack.reset(new unsigned char[STACK_BYTES]);
     L.warps.resize((nthreads + 31) / 32);
     g_launch = &L;
     g_grid_dim = grid;
@@ -254,7 +255,7 @@ inline int run_grid(kvemu_dim3 grid, kvemu_dim3 block, void (*body)(void*), void
                     f.state = RUNNABLE;
                     L.warps[f.warp].live++;
                     // A fresh stack that "returns" into fiber_main with the ABI's alignment.
-                    uintptr_t top = ((uintptr_t)f.stack.data() + f.stack.size()) & ~(uintptr_t)15;
+                    uintptr_t top = ((uintptr_t)f.stack.get() + STACK_BYTES) & ~(uintptr_t)15;
                     void** sp = (void**)(top - 16);
                     sp[0] = (void*)&fiber_main;
                     sp -= 6;

@@ -1,8 +1,8 @@
-// One page of attention for one decode warp: the softmax state a warp carries across pages, q as
-// the score MMAs' B operand, and attend_page (scores, online softmax, P.V on the page's registers).
+// One page of attention for one decode warp: the softmax state a warp carries across pages and
+// attend_page (scores, online softmax, P.V on the page's registers).
 // Part of paged_decode_split.cu: it uses that kernel's macros (D, G, KELEM, KGRAN, VELEM, VGRAN,
-// LAZYMAX, QSMEM) and decode_page_regs.cuh, and is included after them; the fragment layout it
-// relies on is described at the top of that file.
+// LAZYMAX), decode_page_regs.cuh and q_operand.cuh, and is included after them; the fragment
+// layout it relies on is described at the top of that file.
 #pragma once
 
 // E2M1 codes (low nibble = even element) -> E4M3 bytes of value * 2^-6: bit placement.
@@ -14,22 +14,6 @@ struct SoftmaxState {
     float l0, l1;                    // this lane's share of the softmax sums
     float acc[MTILES][4];            // O^T fragments, in units of 1/vinv when value scales ride on P
     float vinv;                      // 0 until the first page sets the value reference
-};
-
-// q as the B operand of the score MMAs, in the K visiting order: in registers, or (QSMEM=1) in
-// shared memory, read per k-step. The second frees 2 * D/16 registers per thread, which at 96
-// registers is what lets the compiler issue all of a page's loads before its first MMA (with q in
-// registers it delays the V loads past the score MMAs: two memory round trips per page).
-struct QOperand {
-#if QSMEM
-    u32 base;
-    __device__ __forceinline__ void get(int kt, u32& b0, u32& b1) const {
-        lds_v2_ordered(base + kt * 256, b0, b1);
-    }
-#else
-    u32 f[KSTEPS][2];
-    __device__ __forceinline__ void get(int kt, u32& b0, u32& b1) const { b0 = f[kt][0]; b1 = f[kt][1]; }
-#endif
 };
 
 // One page (16 tokens) of one warp: scores, online softmax, P.V. ``cur`` holds the page's registers.

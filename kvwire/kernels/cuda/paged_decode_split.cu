@@ -83,7 +83,8 @@
 #endif
 __device__ constexpr int imax_c(int a, int b) { return a > b ? a : b; }
 
-#include "page_attention.cuh"        // SoftmaxState, QOperand, attend_page
+#include "q_operand.cuh"            // QOperand, fill_q
+#include "page_attention.cuh"        // SoftmaxState, attend_page
 
 #if PROBE_LOADS
 // A timing probe, not attention (a variant of scripts/gpu/cuda_decode.sh's sweep): every word of the page is
@@ -175,41 +176,21 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
     cscale *= 64.0f;                                    // E2M1 placed as E4M3 is value * 2^-6
 #endif
     QOperand qop;
+    u32* smq = nullptr;
 #if QSMEM
     // One copy per KV head of the block (aligned: read by 8-byte ld.shared.v2).
     __shared__ __align__(16) u32 sm_q[HPB][KSTEPS][32][2];
     const int qh = WHOLEPAGE ? warp : 0;
     qop.base = smem_addr(&sm_q[qh][0][lane][0]);
+    smq = &sm_q[qh][0][lane][0];
 #endif
     {
         const i64 qoff = (i64)b * sq_b + (i64)(h * G + gi) * sq_h;
 #if QF32
-        const float* qrow = (const float*)q_ptr + qoff;
-#define QLOAD(i) qrow[i]
+        fill_q(qop, smq, WHOLEPAGE || warp == 0, (const float*)q_ptr + qoff, gi < G, ci);
 #else
-        const u16* qrow = (const u16*)q_ptr + qoff;
-#define QLOAD(i) bf16_to_f32(qrow[i])
+        fill_q(qop, smq, WHOLEPAGE || warp == 0, (const u16*)q_ptr + qoff, gi < G, ci);
 #endif
-        const bool real = gi < G;
-#pragma unroll
-        for (int s = 0; s < KSTEPS; ++s) {
-            int d0, d1, d2, d3;
-#if KELEM == 1
-            const int base = 64 * (s / 4) + 16 * ci + 4 * (s % 4);
-            d0 = base; d1 = base + 1; d2 = base + 2; d3 = base + 3;
-#else
-            const int base = ci * (D / 4) + 8 * (s / 2) + 4 * (s % 2);
-            d0 = base; d1 = base + 2; d2 = base + 1; d3 = base + 3;
-#endif
-            const float x0 = real ? QLOAD(d0) : 0.f, x1 = real ? QLOAD(d1) : 0.f;
-            const float x2 = real ? QLOAD(d2) : 0.f, x3 = real ? QLOAD(d3) : 0.f;
-#if QSMEM
-            if (WHOLEPAGE || warp == 0) { sm_q[qh][s][lane][0] = pack_f16x2(x0, x1); sm_q[qh][s][lane][1] = pack_f16x2(x2, x3); }
-#else
-            qop.f[s][0] = pack_f16x2(x0, x1);
-            qop.f[s][1] = pack_f16x2(x2, x3);
-#endif
-        }
     }
 
 #if QSMEM

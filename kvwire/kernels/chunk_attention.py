@@ -22,6 +22,7 @@ picks S from the SM count.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -336,9 +337,11 @@ def paged_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.T
     # an E4M3 dot reduces over at least 32 elements: smaller heads keep the fp16 path
     fp8_keys = fp8_dot and kf.element is ElementType.FP8 and block_d >= 32 and fp8_tensor_cores(dev)
     if split:
-        part_acc = torch.empty((parts, n, hq, d), dtype=torch.float32, device=dev)
-        part_m = torch.empty((parts, n, hq), dtype=torch.float32, device=dev)
-        part_l = torch.empty_like(part_m)
+        # CPU test runs (interpreter) poison the partials, so a split that writes none fails
+        empty = functools.partial(torch.full, fill_value=float("nan")) if not hw else torch.empty
+        part_acc = empty((parts, n, hq, d), dtype=torch.float32, device=dev)
+        part_m = empty((parts, n, hq), dtype=torch.float32, device=dev)
+        part_l = empty((parts, n, hq), dtype=torch.float32, device=dev)
     else:
         part_acc = part_m = part_l = out                # not touched
     _chunk_kernel[(m_blocks, h, parts)](

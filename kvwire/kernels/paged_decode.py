@@ -27,6 +27,7 @@ and byte offsets are int64. On CPU tensors without TRITON_INTERPRET=1 the torch 
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -313,9 +314,11 @@ def paged_decode_attention(q: torch.Tensor, storage: torch.Tensor, page_format: 
     vd = part_offsets(f, layer, 1)
     st32 = storage.view(torch.float32)
     st16 = storage.view(torch.bfloat16) if hw else storage.view(torch.int16)
-    part_acc = torch.empty((bsz * h * splits * g, d), dtype=torch.float32, device=dev)
-    part_m = torch.empty((bsz * h * splits * g,), dtype=torch.float32, device=dev)
-    part_l = torch.empty_like(part_m)
+    # CPU test runs (interpreter, emulator) poison the partials, so a split that writes none fails
+    empty = functools.partial(torch.full, fill_value=float("nan")) if not hw else torch.empty
+    part_acc = empty((bsz * h * splits * g, d), dtype=torch.float32, device=dev)
+    part_m = empty((bsz * h * splits * g,), dtype=torch.float32, device=dev)
+    part_l = empty((bsz * h * splits * g,), dtype=torch.float32, device=dev)
     qk_scale = LOG2E / math.sqrt(d)
     hp = heads_per_program(h, g) if packed else 1
     if cuda_kernel is not None:

@@ -67,21 +67,21 @@ struct Fiber {
 
 constexpr int SLOT_WORDS = 12;          // the widest collective: mma16816 (6 words + 4 floats)
 
-struct Warp {
+// A barrier among the live threads of a warp or of the block; gen counts the times it completed.
+struct Barrier {
     int live = 0, arrived = 0;
     unsigned gen = 0;
-    u32 slot[2][32][SLOT_WORDS];
 };
 
-struct Block {
-    int live = 0, arrived = 0;
-    unsigned gen = 0;
+struct Warp {
+    Barrier bar;
+    u32 slot[2][32][SLOT_WORDS];
 };
 
 struct Launch {
     std::vector<Fiber> fibers;
     std::vector<Warp> warps;
-    Block block;
+    Barrier block;
     void* sched_sp = nullptr;
     Fiber* cur = nullptr;
     unsigned long progress = 0;
@@ -140,22 +140,29 @@ inline Fiber* cur() { return g_launch->cur; }
 
 inline void yield_to_scheduler() { kvemu_switch(&g_launch->cur->sp, g_launch->sched_sp); }
 
+// The barrier of kind 1 (``warp``'s) or 2 (the block's).
+inline Barrier& barrier(int kind, int warp) { return kind == 1 ? g_launch->warps[warp].bar : g_launch->block; }
+
+// Completes the barrier if every live thread has arrived: its waiters may run again.
+inline void complete_if_due(int kind, int warp) {
+    Barrier& b = barrier(kind, warp);
+    if (b.live == 0 || b.arrived != b.live) return;
+    b.arrived = 0;
+    ++b.gen;
+    for (Fiber& o : g_launch->fibers) {
+        if (o.state == WAITING && o.wait_kind == kind && (kind == 2 || o.warp == warp)) o.state = RUNNABLE;
+    }
+}
+
 // Arrive at this warp's (kind 1) or the block's (kind 2) barrier and wait for the others.
 inline void arrive(int kind) {
-    Launch& L = *g_launch;
-    Fiber* f = L.cur;
-    ++L.progress;
-    int& arrived = kind == 1 ? L.warps[f->warp].arrived : L.block.arrived;
-    const int live = kind == 1 ? L.warps[f->warp].live : L.block.live;
-    unsigned& gen = kind == 1 ? L.warps[f->warp].gen : L.block.gen;
-    if (++arrived == live) {
-        arrived = 0;
-        ++gen;
-        for (Fiber& o : L.fibers) {
-            if (o.state == WAITING && o.wait_kind == kind && (kind == 2 || o.warp == f->warp)) o.state = RUNNABLE;
-        }
-        return;
-    }
+    Fiber* f = cur();
+    ++g_launch->progress;
+    Barrier& b = barrier(kind, f->warp);
+    ++b.arrived;
+    const unsigned gen = b.gen;
+    complete_if_due(kind, f->warp);
+    if (b.gen != gen) return;
     f->state = WAITING;
     f->wait_kind = kind;
     yield_to_scheduler();
@@ -168,12 +175,12 @@ inline void block_barrier() { arrive(2); }
 inline u32* my_slot() {
     Fiber* f = cur();
     Warp& w = g_launch->warps[f->warp];
-    return w.slot[w.gen & 1][f->lane];
+    return w.slot[w.bar.gen & 1][f->lane];
 }
 inline u32* slot_of(int lane_from_last_collective) {
     Fiber* f = cur();
     Warp& w = g_launch->warps[f->warp];
-    return w.slot[(w.gen - 1) & 1][lane_from_last_collective];
+    return w.slot[(w.bar.gen - 1) & 1][lane_from_last_collective];
 }
 
 inline u32 shuffle(u32 v, int src) {
@@ -205,19 +212,10 @@ constexpr size_t STACK_BYTES = 256 * 1024;
     f->state = DONE;
     ++L.progress;
     // A finished thread no longer counts at barriers; one it was the last to reach completes.
-    Warp& w = L.warps[f->warp];
-    --w.live;
+    --L.warps[f->warp].bar.live;
     --L.block.live;
-    if (w.live > 0 && w.arrived == w.live) {
-        w.arrived = 0;
-        ++w.gen;
-        for (Fiber& o : L.fibers) if (o.state == WAITING && o.wait_kind == 1 && o.warp == f->warp) o.state = RUNNABLE;
-    }
-    if (L.block.live > 0 && L.block.arrived == L.block.live) {
-        L.block.arrived = 0;
-        ++L.block.gen;
-        for (Fiber& o : L.fibers) if (o.state == WAITING && o.wait_kind == 2) o.state = RUNNABLE;
-    }
+    complete_if_due(1, f->warp);
+    complete_if_due(2, f->warp);
     void* dead;
     kvemu_switch(&dead, L.sched_sp);
     std::abort();
@@ -244,16 +242,15 @@ inline int run_grid(kvemu_dim3 grid, kvemu_dim3 block, void (*body)(void*), void
         for (unsigned by = 0; by < grid.y; ++by)
             for (unsigned bx = 0; bx < grid.x; ++bx) {
                 g_block_idx = {bx, by, bz};
-                for (Warp& w : L.warps) { w.live = 0; w.arrived = 0; w.gen = 0; }
-                L.block = Block{};
-                L.block.live = nthreads;
+                for (Warp& w : L.warps) w.bar = Barrier{};
+                L.block = Barrier{nthreads, 0, 0};
                 for (int t = 0; t < nthreads; ++t) {
                     Fiber& f = L.fibers[t];
                     f.tid = {(unsigned)t, 0, 0};
                     f.lane = t & 31;
                     f.warp = t >> 5;
                     f.state = RUNNABLE;
-                    L.warps[f.warp].live++;
+                    L.warps[f.warp].bar.live++;
                     // A fresh stack that "returns" into fiber_main with the ABI's alignment.
                     uintptr_t top = ((uintptr_t)f.stack.get() + STACK_BYTES) & ~(uintptr_t)15;
                     void** sp = (void**)(top - 16);

@@ -44,6 +44,7 @@ def _compiler_version(cxx: str) -> str:
     return subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
 
 
+@functools.lru_cache(maxsize=None)
 def compiler() -> str:
     """The g++ that builds emulated kernels; raises EmulatorUnavailableError without one."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
@@ -89,7 +90,16 @@ class EmulatedKernel:
             raise RuntimeError(f"emulated {self.name} {tuple(grid)} x {tuple(block)}: {err.value.decode()}")
 
 
-_LOADED: dict[str, EmulatedKernel] = {}
+_LOADED: dict[tuple, EmulatedKernel] = {}
+
+
+@functools.lru_cache(maxsize=None)
+def _shipped_sources() -> tuple[tuple[str, str], ...]:
+    """The kernels' files (read once per process, as nvrtc.py reads them), with the twins in place
+    of the primitives headers."""
+    sources = {p.name: p.read_text() for p in sorted(CUDA_SOURCE_DIR.glob("*.cu*"))}
+    twins = {p.name: p.read_text() for p in sorted(EMULATOR_DIR.glob("*"))}
+    return tuple(sources.items()), tuple(twins.items())
 
 
 def _build_dir() -> Path:
@@ -102,10 +112,12 @@ def load_emulated(source_file: str, kernel: str, defines: dict[str, int],
                   extra_sources: dict[str, str] | None = None) -> EmulatedKernel:
     """``cuda/<source_file>``'s ``kernel`` with ``-D`` ``defines``, built for the emulator (cached).
     ``extra_sources`` (name -> text) add files beside them (a test's own kernel)."""
+    loaded = (source_file, kernel, tuple(sorted(defines.items())), tuple(sorted((extra_sources or {}).items())))
+    if loaded in _LOADED:
+        return _LOADED[loaded]
     cxx = compiler()
-    sources = {p.name: p.read_text() for p in sorted(CUDA_SOURCE_DIR.glob("*.cu*"))}
-    sources.update(extra_sources or {})
-    sources.update({p.name: p.read_text() for p in sorted(EMULATOR_DIR.glob("*"))})     # the twins win
+    shipped, twins = _shipped_sources()
+    sources = {**dict(shipped), **(extra_sources or {}), **dict(twins)}      # the twins win
     if source_file not in sources:
         raise FileNotFoundError(f"no CUDA source {source_file} in {CUDA_SOURCE_DIR}")
     launcher = (f'#include "{source_file}"\n'
@@ -115,8 +127,6 @@ def load_emulated(source_file: str, kernel: str, defines: dict[str, int],
     flags = COMPILE_FLAGS + [f"-D{k}={v}" for k, v in sorted(defines.items())]
     key = (sorted(sources.items()), launcher, flags, cxx, _compiler_version(cxx))
     digest = hashlib.sha256(repr(key).encode()).hexdigest()[:24]
-    if digest in _LOADED:
-        return _LOADED[digest]
     lib_path = _build_dir() / f"{kernel}-{digest}.so"
     if not lib_path.exists():
         with tempfile.TemporaryDirectory(dir=_build_dir()) as tmp:
@@ -132,8 +142,8 @@ def load_emulated(source_file: str, kernel: str, defines: dict[str, int],
             os.replace(out, lib_path)                # atomic: parallel test workers may build it too
     lib = ctypes.CDLL(str(lib_path))
     lib.kvemu_launch.restype = ctypes.c_int
-    _LOADED[digest] = EmulatedKernel(lib, kernel, dict(defines))
-    return _LOADED[digest]
+    _LOADED[loaded] = EmulatedKernel(lib, kernel, dict(defines))
+    return _LOADED[loaded]
 
 
 __all__ = ["EMULATED_SMS", "EmulatedKernel", "EmulatorUnavailableError", "available", "compiler", "emulated",

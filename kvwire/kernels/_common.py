@@ -219,5 +219,13 @@ def num_sms(device: torch.device) -> int:
     return _SM_COUNT[idx]
 
 
+def partials(shape: tuple[int, ...], device: torch.device, hw: bool) -> torch.Tensor:
+    """An fp32 buffer for split partials: uninitialised on the GPU; NaN in CPU test runs
+    (interpreter, emulator), so that a split which writes none fails instead of reading leftovers."""
+    if hw:
+        return torch.empty(shape, dtype=torch.float32, device=device)
+    return torch.full(shape, float("nan"), dtype=torch.float32, device=device)
+
+
 def pow2(n: int) -> int:
     return triton.next_power_of_2(max(int(n), 1))

@@ -22,7 +22,6 @@ picks S from the SM count.
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -32,8 +31,8 @@ import triton.language as tl
 from kvwire.attention import attend_paged_reference
 from kvwire.formats import ElementType, PageFormat
 from kvwire.kernels._common import (
-    bf16_bits_to_f32, check_storage, elem_code, gran_code, interpreting, part_offsets, pow2, read_pages_reference,
-    static_arg, use_triton,
+    bf16_bits_to_f32, check_storage, elem_code, gran_code, interpreting, part_offsets, partials, pow2,
+    read_pages_reference, static_arg, use_triton,
 )
 from kvwire.kernels.chunk_plan import (INTERPRETER_TILE, default_tile, fp8_tensor_cores, planned_splits,
                                        queries_per_block)
@@ -337,11 +336,9 @@ def paged_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.T
     # an E4M3 dot reduces over at least 32 elements: smaller heads keep the fp16 path
     fp8_keys = fp8_dot and kf.element is ElementType.FP8 and block_d >= 32 and fp8_tensor_cores(dev)
     if split:
-        # CPU test runs (interpreter) poison the partials, so a split that writes none fails
-        empty = functools.partial(torch.full, fill_value=float("nan")) if not hw else torch.empty
-        part_acc = empty((parts, n, hq, d), dtype=torch.float32, device=dev)
-        part_m = empty((parts, n, hq), dtype=torch.float32, device=dev)
-        part_l = empty((parts, n, hq), dtype=torch.float32, device=dev)
+        part_acc = partials((parts, n, hq, d), dev, hw)
+        part_m = partials((parts, n, hq), dev, hw)
+        part_l = partials((parts, n, hq), dev, hw)
     else:
         part_acc = part_m = part_l = out                # not touched
     _chunk_kernel[(m_blocks, h, parts)](

@@ -27,7 +27,6 @@ and byte offsets are int64. On CPU tensors without TRITON_INTERPRET=1 the torch 
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -38,7 +37,7 @@ from triton.language.extra.cuda import gdc_wait
 from kvwire.attention import attend_paged_reference
 from kvwire.formats import ElementType, PageFormat
 from kvwire.kernels._common import (
-    bf16_bits_to_f32, check_storage, elem_code, gran_code, interpreting, num_sms, part_offsets,
+    bf16_bits_to_f32, check_storage, elem_code, gran_code, interpreting, num_sms, part_offsets, partials,
     pow2, read_pages_reference, static_arg, use_triton,
 )
 from kvwire.kernels import cuda_emulator, paged_decode_cuda
@@ -314,11 +313,9 @@ def paged_decode_attention(q: torch.Tensor, storage: torch.Tensor, page_format: 
     vd = part_offsets(f, layer, 1)
     st32 = storage.view(torch.float32)
     st16 = storage.view(torch.bfloat16) if hw else storage.view(torch.int16)
-    # CPU test runs (interpreter, emulator) poison the partials, so a split that writes none fails
-    empty = functools.partial(torch.full, fill_value=float("nan")) if not hw else torch.empty
-    part_acc = empty((bsz * h * splits * g, d), dtype=torch.float32, device=dev)
-    part_m = empty((bsz * h * splits * g,), dtype=torch.float32, device=dev)
-    part_l = empty((bsz * h * splits * g,), dtype=torch.float32, device=dev)
+    part_acc = partials((bsz * h * splits * g, d), dev, hw)
+    part_m = partials((bsz * h * splits * g,), dev, hw)
+    part_l = partials((bsz * h * splits * g,), dev, hw)
     qk_scale = LOG2E / math.sqrt(d)
     hp = heads_per_program(h, g) if packed else 1
     if cuda_kernel is not None:

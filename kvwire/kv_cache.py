@@ -14,7 +14,7 @@ import torch
 
 from kvwire.formats import PageFormat
 from kvwire.page_pool import PagePool
-from kvwire.quant import dequantize_pages, quantize_pages
+from kvwire.quant import NonFiniteCount, dequantize_pages, quantize_pages
 
 @dataclass
 class SequenceKV:
@@ -80,12 +80,19 @@ class KVCache:
         return self.static_scales[layer, part]
 
     # ---- pages ----
-    def write_pages(self, layer: int, part: int, page_ids: list[int], x: torch.Tensor) -> None:
-        """Quantise full pages ``x`` [n, P, H, D] of one layer's K (part 0) or V (part 1) into the pool."""
-        idx = torch.tensor(page_ids, dtype=torch.long, device=self.device)
+    def write_pages(self, layer: int, part: int, page_ids: list[int] | torch.Tensor, x: torch.Tensor,
+                    nonfinite: NonFiniteCount | None = None) -> None:
+        """Quantise full pages ``x`` [n, P, H, D] of one layer's K (part 0) or V (part 1) into the pool.
+
+        Non-finite input raises ``NonFiniteInputError``; on CUDA, with ``nonfinite`` given, the
+        count goes there instead and the caller raises later (no host sync here). ``page_ids`` as a
+        device tensor avoids the synchronising copy of a host list.
+        """
+        idx = torch.as_tensor(page_ids, dtype=torch.long, device=self.device)
         if self.device.type == "cuda":
             from kvwire.kernels.quantize import write_pages
-            write_pages(self.pool.storage, self.format, layer, part, idx, x, self._static(layer, part))
+            write_pages(self.pool.storage, self.format, layer, part, idx, x, self._static(layer, part),
+                        nonfinite=nonfinite)
             return
         sections = quantize_pages(x, self.format.part_format(part), self._static(layer, part))
         for name, t in sections.items():

@@ -32,10 +32,33 @@ class NonFiniteInputError(ValueError):
     """K/V values contained NaN or inf: quantising them would store silent garbage."""
 
 
+def non_finite_error(bad: int) -> NonFiniteInputError:
+    return NonFiniteInputError(f"cannot quantise K/V with {bad} non-finite value(s) (NaN or inf)")
+
+
 def check_finite(x: torch.Tensor) -> None:
     if not bool(torch.isfinite(x).all()):
-        bad = int((~torch.isfinite(x)).sum())
-        raise NonFiniteInputError(f"cannot quantise K/V with {bad} non-finite value(s) (NaN or inf)")
+        raise non_finite_error(int((~torch.isfinite(x)).sum()))
+
+
+class NonFiniteCount:
+    """A count of non-finite K/V values on the device, shared by many page writes and checked once.
+
+    ``kvwire.kernels.quantize.write_pages(..., nonfinite=count)`` adds its kernel's count here
+    instead of reading it back: a read is a host sync, and one per layer and K/V stalls the CPU's
+    launch queue through a whole forward. The model runner checks once, after the forward, before
+    anything is committed (``raise_if_any``: one sync, then ``NonFiniteInputError``).
+    """
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.tensor = torch.zeros(1, dtype=torch.int32, device=device)
+
+    def raise_if_any(self) -> None:
+        """Raise ``NonFiniteInputError`` if any write counted a NaN or inf (and reset the count)."""
+        bad = int(self.tensor.item())
+        if bad:
+            self.tensor.zero_()
+            raise non_finite_error(bad)
 
 
 # ---- element codecs ---------------------------------------------------------------------------

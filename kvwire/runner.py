@@ -14,6 +14,15 @@ import torch
 from kvwire.attention import attend_paged_reference, page_causal_mask
 from kvwire.kv_cache import KVCache, SequenceKV
 from kvwire.page_pool import OutOfPagesError, page_chain_hashes
+from kvwire.quant import NonFiniteCount
+
+
+def on_device(values: list[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A host list as a tensor on ``device``. ``torch.tensor(values, device=cuda)`` copies from
+    pageable memory and then synchronises the stream; a non-blocking copy only stages the bytes
+    (the CUDA driver copies pageable memory before it returns), so it leaves the queue running."""
+    t = torch.tensor(values, dtype=dtype)
+    return t.to(device, non_blocking=True) if device.type == "cuda" else t
 
 
 @dataclass
@@ -55,9 +64,26 @@ class _TailAppends:
             others = list(range(len(segments)))
 
         def as_long(values: list[int]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.long, device=device)
+            return on_device(values, torch.long, device)
 
         return _TailAppends(rows, others, as_long(rows), as_long(slots), as_long(offsets))
+
+
+@dataclass(frozen=True)
+class _WriteState:
+    """What a forward's layers share, built once before the first layer: each segment's page ids
+    on the device (a host list copied inside the layer loop would synchronise the stream once per
+    layer) and the count of non-finite K/V (read once, after the last layer)."""
+
+    new_pages: list[torch.Tensor]     # int64 per segment: the pages this forward quantises
+    all_pages: list[torch.Tensor]     # int32 per segment: every page it attends (old + new)
+    nonfinite: NonFiniteCount | None  # on CUDA; the CPU reference path checks each write at once
+
+    @staticmethod
+    def of(segments: list[Segment], device: torch.device) -> "_WriteState":
+        return _WriteState([on_device(s.new_pages, torch.long, device) for s in segments],
+                           [on_device(s.seq.pages + s.new_pages, torch.int32, device) for s in segments],
+                           NonFiniteCount(device) if device.type == "cuda" else None)
 
 
 class ModelRunner:
@@ -91,7 +117,7 @@ class ModelRunner:
             s.new_pages = kv.pool.allocate(self.pages_needed(s.seq, len(s.token_ids)))
 
         dev = kv.device
-        ids = torch.tensor([t for s in segments for t in s.token_ids], dtype=torch.long, device=dev)
+        ids = on_device([t for s in segments for t in s.token_ids], torch.long, dev)
         pos = torch.cat([torch.arange(s.seq.num_tokens, s.seq.num_tokens + len(s.token_ids), device=dev)
                          for s in segments])
         bounds, row = [], 0
@@ -101,13 +127,14 @@ class ModelRunner:
 
         on_gpu = dev.type == "cuda"
         appends = _TailAppends.of(segments, self.page_size, dev)
+        writes = _WriteState.of(segments, dev)
         if on_gpu and all(len(s.token_ids) == 1 for s in segments):
             tables = self._decode_tables(segments)
 
             def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
                 self._store_appends(layer, appends, k, v)
                 for i in appends.others:
-                    self._store(layer, segments[i], k[i:i + 1], v[i:i + 1])
+                    self._store(layer, segments[i], writes, i, k[i:i + 1], v[i:i + 1])
                 from kvwire.kernels.paged_decode import paged_decode_attention
                 return paged_decode_attention(q, kv.pool.storage, kv.format, layer, *tables, kv.static_scales)
         else:
@@ -122,12 +149,15 @@ class ModelRunner:
                         n = s.seq.tail_len(self.page_size) + 1        # stored tokens + the one just appended
                         opened = (kv.read_tail(layer, 0, s.seq, n), kv.read_tail(layer, 1, s.seq, n))
                     else:
-                        opened = self._store(layer, s, k[r0:r1], v[r0:r1])
-                    out[r0:r1] = self._attend_chunk(layer, s, q[r0:r1], pos[r0:r1], opened, mask)
+                        opened = self._store(layer, s, writes, i, k[r0:r1], v[r0:r1])
+                    out[r0:r1] = self._attend_chunk(layer, s, writes.all_pages[i], q[r0:r1], pos[r0:r1], opened,
+                                                    mask)
                 return out
 
         try:
-            logits = self.model(ids, pos, attn, logits_indices=torch.tensor([b[1] - 1 for b in bounds], device=dev))
+            logits = self.model(ids, pos, attn, logits_indices=on_device([b[1] - 1 for b in bounds], torch.long, dev))
+            if writes.nonfinite is not None:
+                writes.nonfinite.raise_if_any()         # one sync for the whole forward, before any commit
         except BaseException:
             for s in segments:
                 kv.pool.release(s.new_pages or [])
@@ -143,7 +173,8 @@ class ModelRunner:
         open_len = seq.tail_len(p) + len(s.token_ids)
         return page_causal_mask(pos, num_pages * p, len(seq.pages) * p, open_len, p)
 
-    def _store(self, layer: int, s: Segment, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _store(self, layer: int, s: Segment, writes: _WriteState, i: int, k: torch.Tensor,
+               v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Quantise the pages this forward completes; keep the newest page as the bf16 tail.
 
         Returns the open region's K and V (old tail + new tokens, bf16 precision) for attention.
@@ -154,7 +185,8 @@ class ModelRunner:
         for part, new in ((0, k), (1, v)):
             x = torch.cat((kv.read_tail(layer, part, seq), new.to(torch.bfloat16)))
             if n_full:
-                kv.write_pages(layer, part, s.new_pages, x[:n_full].reshape(-1, p, *x.shape[1:]))
+                kv.write_pages(layer, part, writes.new_pages[i], x[:n_full].reshape(-1, p, *x.shape[1:]),
+                               writes.nonfinite)
             kv.write_tail(layer, part, seq.tail_slot, x[n_full:])
             opened.append(x)
         return opened[0], opened[1]
@@ -168,15 +200,14 @@ class ModelRunner:
         for part, x in ((0, k), (1, v)):
             data[appends.slots, layer, part, :, appends.offsets] = x[appends.index].to(torch.bfloat16)
 
-    def _attend_chunk(self, layer: int, s: Segment, q: torch.Tensor, pos: torch.Tensor,
+    def _attend_chunk(self, layer: int, s: Segment, page_ids: torch.Tensor, q: torch.Tensor, pos: torch.Tensor,
                       opened: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
         kv, p, seq = self.kv, self.page_size, s.seq
         pages = seq.pages + s.new_pages
         open_start = len(seq.pages) * p
         if kv.device.type == "cuda":
             from kvwire.kernels.chunk_attention import paged_chunk_attention
-            ids = torch.tensor(pages, dtype=torch.int32, device=kv.device)
-            return paged_chunk_attention(q, pos, kv.pool.storage, kv.format, layer, ids, opened[0], opened[1],
+            return paged_chunk_attention(q, pos, kv.pool.storage, kv.format, layer, page_ids, opened[0], opened[1],
                                          open_start, kv.static_scales)
         k_pages = kv.read_pages(layer, 0, pages)
         v_pages = kv.read_pages(layer, 1, pages)
@@ -192,9 +223,9 @@ class ModelRunner:
         tail_len = [s.seq.num_tokens + 1 - len(x) * p for s, x in zip(segments, pages)]
 
         def as_i32(values: list[int]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.int32, device=dev)
+            return on_device(values, torch.int32, dev)
 
-        return (table.to(dev), as_i32([len(x) for x in pages]), self.kv.tails.data,
+        return (table.to(dev, non_blocking=True), as_i32([len(x) for x in pages]), self.kv.tails.data,
                 as_i32([s.seq.tail_slot for s in segments]), as_i32(tail_len))
 
     def _commit(self, s: Segment) -> None:

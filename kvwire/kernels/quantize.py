@@ -28,7 +28,7 @@ from kvwire.kernels._common import (
     check_storage, e4m3_decode, e4m3_encode, elem_code, gran_code, interpreting, part_offsets, pow2,
     store_sections, use_triton,
 )
-from kvwire.quant import NonFiniteInputError, quantize_pages
+from kvwire.quant import NonFiniteCount, non_finite_error, quantize_pages
 
 
 @triton.jit
@@ -149,21 +149,26 @@ DEFAULT_HEADS_PER_PROGRAM = {ElementType.BF16: 1, ElementType.FP8: 2, ElementTyp
 
 def write_pages(storage: torch.Tensor, page_format: PageFormat, layer: int, part: int,
                 page_ids: torch.Tensor, x: torch.Tensor, static_scale: torch.Tensor | None = None,
-                *, check_finite: bool = True, backend: str = "auto", _hw_cast: bool | None = None,
-                _hw_block_scale: bool = False, _heads_per_program: int | None = None) -> None:
+                *, check_finite: bool = True, nonfinite: NonFiniteCount | None = None, backend: str = "auto",
+                _hw_cast: bool | None = None, _hw_block_scale: bool = False,
+                _heads_per_program: int | None = None) -> None:
     """Quantise ``x`` [n, P, H, D] (bf16, fp16 or fp32) into pages ``page_ids`` of ``storage``.
 
     ``part`` 0 = K, 1 = V, each in ``page_format``'s format for it; ``static_scale`` [H] fp32 for
     fp8 ``tensor``/``head`` granularity. Non-finite input raises ``NonFiniteInputError`` (the
     count comes from the kernel itself, one device sync); the named pages then hold undefined
     bytes, which is harmless for freshly allocated pages. ``check_finite=False`` skips the check
-    and the sync. On CPU tensors without TRITON_INTERPRET=1 this runs the torch reference.
+    and the sync. ``nonfinite`` defers the check: the kernel adds its count to it and nothing
+    syncs here; the caller calls ``nonfinite.raise_if_any()`` once after many writes. On CPU
+    tensors without TRITON_INTERPRET=1 this runs the torch reference, which checks at once.
     ``backend``: "auto" runs the CUDA kernel (quantize_cuda.py) where it applies (FP8/NVFP4 pages
     from bf16) and NVRTC loads, else Triton; "triton" and "cuda" force one ("cuda" raises where it
     does not apply).
     """
     if backend not in ("auto", "triton", "cuda"):
         raise ValueError(f"backend must be 'auto', 'triton' or 'cuda', got {backend!r}")
+    if nonfinite is not None and not check_finite:
+        raise ValueError("nonfinite collects the non-finite check's count: it needs check_finite=True")
     f = page_format
     fmt = f.part_format(part)
     check_storage(storage, f)
@@ -191,7 +196,9 @@ def write_pages(storage: torch.Tensor, page_format: PageFormat, layer: int, part
     hw = (not interpreting()) if _hw_cast is None else _hw_cast
     data_off, s_off, bs_off, gs_off = part_offsets(f, layer, part)
     ids = page_ids.to(torch.int64).contiguous()
-    flag = torch.zeros(1, dtype=torch.int32, device=storage.device)
+    if nonfinite is not None and nonfinite.tensor.device != storage.device:
+        raise ValueError(f"nonfinite counts on {nonfinite.tensor.device}, storage is on {storage.device}")
+    flag = torch.zeros(1, dtype=torch.int32, device=storage.device) if nonfinite is None else nonfinite.tensor
     static = (static_scale.to(device=storage.device, dtype=torch.float32).contiguous()
               if static_scale is not None and fmt.has_static_scales else flag.float())
     # the CUDA kernel on the GPU; on the CPU (interpreter) in the warp emulator, when asked for by name
@@ -203,10 +210,10 @@ def write_pages(storage: torch.Tensor, page_format: PageFormat, layer: int, part
     else:
         _launch_triton(storage, f, fmt, x, ids, static, flag, (data_off, s_off, bs_off, gs_off), check_finite,
                        hw, _hw_block_scale, _heads_per_program)
-    if check_finite:
+    if check_finite and nonfinite is None:
         bad = int(flag.item())
         if bad:
-            raise NonFiniteInputError(f"cannot quantise K/V with {bad} non-finite value(s) (NaN or inf)")
+            raise non_finite_error(bad)
 
 
 def _launch_triton(storage, f, fmt, x, ids, static, flag, offsets, check_finite, hw, hw_block_scale,

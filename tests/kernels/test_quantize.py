@@ -2,9 +2,10 @@
 import pytest
 import torch
 
+from kvwire.kernels import cuda_emulator
 from kvwire.kernels._common import interpreting
 from kvwire.kernels.quantize import write_pages, write_pages_reference
-from kvwire.quant import NonFiniteInputError
+from kvwire.quant import NonFiniteCount, NonFiniteInputError
 
 from .helpers import ALL_UNIFORM, make_format, random_kv
 
@@ -63,6 +64,27 @@ def test_non_finite_raises(bad):
     x[1, 5, 0, 7] = bad
     with pytest.raises(NonFiniteInputError, match="1 non-finite"):
         write_pages(storage, f, 0, 0, torch.tensor([0, 3]), x)
+
+
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+def test_deferred_non_finite_count_adds_up_over_writes(backend):
+    """With ``nonfinite`` the writes do not raise (or sync); one check afterwards sees them all."""
+    if backend == "cuda" and not cuda_emulator.available():
+        pytest.skip("the CUDA kernel runs on the CPU in the emulator, which needs g++ on x86-64")
+    f = make_format("nvfp4", heads=2, head_dim=128)
+    storage = torch.zeros((6, f.page_bytes), dtype=torch.uint8)
+    gen = torch.Generator().manual_seed(1)
+    count = NonFiniteCount("cpu")
+    for ids, bad in (([0, 3], [(1, 5, 0, 7)]), ([1, 2], []), ([4, 5], [(0, 0, 1, 127), (1, 15, 0, 0)])):
+        x = random_kv((2, 16, 2, 128), gen).to(torch.bfloat16)
+        for i, where in enumerate(bad):
+            x[where] = (float("nan"), float("inf"))[i % 2]
+        write_pages(storage, f, 0, 0, torch.tensor(ids), x, nonfinite=count, backend=backend)
+    with pytest.raises(NonFiniteInputError, match="3 non-finite"):
+        count.raise_if_any()
+    count.raise_if_any()                       # the check resets the count
+    with pytest.raises(ValueError, match="check_finite=True"):
+        write_pages(storage, f, 0, 0, torch.tensor([0]), x[:1], nonfinite=count, check_finite=False)
 
 
 def test_static_scale_required():

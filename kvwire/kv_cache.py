@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kvwire.formats import PageFormat
+from kvwire.kernels.device_support import check_device
 from kvwire.page_pool import PagePool
 from kvwire.quant import NonFiniteCount, dequantize_pages, quantize_pages
 
@@ -56,6 +57,7 @@ class TailPool:
 class KVCache:
     def __init__(self, fmt: PageFormat, num_pages: int, max_sequences: int,
                  device: str | torch.device = "cpu", static_scales: torch.Tensor | None = None) -> None:
+        check_device(fmt, torch.device(device))            # before any allocation: a too-old GPU fails here
         self.format = fmt
         self.pool = PagePool(fmt, num_pages, device)
         self.tails = TailPool(fmt, max_sequences, device)

@@ -4,6 +4,12 @@ For each layer the attention callback (1) joins the sequence's bf16 tail with th
 K/V, (2) quantises every page before the newest token's page into the pool (pages allocated up
 front, so a forward never fails half-way for lack of room), (3) keeps the newest token's page
 as the bf16 tail and (4) attends by the page-causal rule of ``kvwire.attention``.
+
+A decode step (one token per sequence) takes a shorter road: the full tail pages its tokens close
+are quantised before the forward, all sequences and layers at once, so inside the layers every
+token is an append to a tail page with room (one indexed write per layer) and the attention is one
+paged-decode call. On CUDA no layer synchronises with the host: page ids go to the device once per
+forward, and the non-finite count of the quantised K/V is read once, after the last layer.
 """
 from __future__ import annotations
 
@@ -39,34 +45,25 @@ class Segment:
 
 @dataclass(frozen=True)
 class _TailAppends:
-    """Segments of one token whose tail page has room (no page completes): where each new
-    token goes in the tail pool. ``rows`` index the forward's rows (= segments, one token each);
-    ``others`` are the segments that take the general path."""
+    """A decode step (one new token per segment): where each token goes in the tail pool.
 
-    rows: list[int]
-    others: list[int]
-    index: torch.Tensor       # rows, on the device
-    slots: torch.Tensor       # tail slot of each
-    offsets: torch.Tensor     # position in the tail page of each
+    A segment whose tail page is full has that page quantised before the forward
+    (``ModelRunner._complete_tails``), so every token of the step lands in a tail page with room:
+    one indexed write per layer and K/V stores them all, and the layers never take the general
+    chunk path (per segment: read the tail, concatenate, quantise, write the tail back).
+    """
+
+    slots: torch.Tensor       # tail slot of each segment, on the device
+    offsets: torch.Tensor     # position of its new token in the tail page
+    open_lens: list[int]      # tokens in its tail page after the append
 
     @staticmethod
-    def of(segments: list[Segment], page_size: int, device: torch.device) -> "_TailAppends":
-        rows, others, slots, offsets = [], [], [], []
-        if all(len(s.token_ids) == 1 for s in segments):
-            for i, s in enumerate(segments):
-                if s.new_pages:
-                    others.append(i)
-                    continue
-                rows.append(i)
-                slots.append(s.seq.tail_slot)
-                offsets.append(s.seq.tail_len(page_size))
-        else:
-            others = list(range(len(segments)))
-
-        def as_long(values: list[int]) -> torch.Tensor:
-            return on_device(values, torch.long, device)
-
-        return _TailAppends(rows, others, as_long(rows), as_long(slots), as_long(offsets))
+    def of(segments: list[Segment], page_size: int, device: torch.device) -> "_TailAppends | None":
+        if not all(len(s.token_ids) == 1 for s in segments):
+            return None
+        offsets = [s.seq.num_tokens - (len(s.seq.pages) + len(s.new_pages)) * page_size for s in segments]
+        return _TailAppends(on_device([s.seq.tail_slot for s in segments], torch.long, device),
+                            on_device(offsets, torch.long, device), [o + 1 for o in offsets])
 
 
 @dataclass(frozen=True)
@@ -128,33 +125,39 @@ class ModelRunner:
         on_gpu = dev.type == "cuda"
         appends = _TailAppends.of(segments, self.page_size, dev)
         writes = _WriteState.of(segments, dev)
-        if on_gpu and all(len(s.token_ids) == 1 for s in segments):
+        if on_gpu and appends is not None:
             tables = self._decode_tables(segments)
 
             def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
                 self._store_appends(layer, appends, k, v)
-                for i in appends.others:
-                    self._store(layer, segments[i], writes, i, k[i:i + 1], v[i:i + 1])
                 from kvwire.kernels.paged_decode import paged_decode_attention
                 return paged_decode_attention(q, kv.pool.storage, kv.format, layer, *tables, kv.static_scales)
         else:
-            masks = [None if on_gpu else self._mask(s, pos[r0:r1]) for s, (r0, r1) in zip(segments, bounds)]
-            appended = set(appends.rows)
+            p = self.page_size
+            # (start, length) of each segment's open (bf16) region: after a decode step's append, its
+            # tail page; else the old tail plus the new tokens, whose full pages this forward quantises
+            opens = ([((len(s.seq.pages) + len(s.new_pages)) * p, n) for s, n in zip(segments, appends.open_lens)]
+                     if appends is not None else
+                     [(len(s.seq.pages) * p, s.seq.tail_len(p) + len(s.token_ids)) for s in segments])
+            masks = [None if on_gpu else self._mask(s, pos[r0:r1], *o)
+                     for s, (r0, r1), o in zip(segments, bounds, opens)]
 
             def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-                self._store_appends(layer, appends, k, v)
+                if appends is not None:
+                    self._store_appends(layer, appends, k, v)
                 out = torch.empty_like(q)
-                for i, (s, (r0, r1), mask) in enumerate(zip(segments, bounds, masks)):
-                    if i in appended:
-                        n = s.seq.tail_len(self.page_size) + 1        # stored tokens + the one just appended
+                for i, (s, (r0, r1), mask, (start, n)) in enumerate(zip(segments, bounds, masks, opens)):
+                    if appends is not None:
                         opened = (kv.read_tail(layer, 0, s.seq, n), kv.read_tail(layer, 1, s.seq, n))
                     else:
                         opened = self._store(layer, s, writes, i, k[r0:r1], v[r0:r1])
-                    out[r0:r1] = self._attend_chunk(layer, s, writes.all_pages[i], q[r0:r1], pos[r0:r1], opened,
-                                                    mask)
+                    out[r0:r1] = self._attend_chunk(layer, writes.all_pages[i], start, q[r0:r1], pos[r0:r1],
+                                                    opened, mask)
                 return out
 
         try:
+            if appends is not None:
+                self._complete_tails(segments, writes)
             logits = self.model(ids, pos, attn, logits_indices=on_device([b[1] - 1 for b in bounds], torch.long, dev))
             if writes.nonfinite is not None:
                 writes.nonfinite.raise_if_any()         # one sync for the whole forward, before any commit
@@ -167,11 +170,28 @@ class ModelRunner:
             self._commit(s)
         return logits
 
-    def _mask(self, s: Segment, pos: torch.Tensor) -> torch.Tensor:
-        seq, p = s.seq, self.page_size
-        num_pages = len(seq.pages) + len(s.new_pages)
-        open_len = seq.tail_len(p) + len(s.token_ids)
-        return page_causal_mask(pos, num_pages * p, len(seq.pages) * p, open_len, p)
+    def _mask(self, s: Segment, pos: torch.Tensor, open_start: int, open_len: int) -> torch.Tensor:
+        num_pages = len(s.seq.pages) + len(s.new_pages)
+        return page_causal_mask(pos, num_pages * self.page_size, open_start, open_len, self.page_size)
+
+    def _complete_tails(self, segments: list[Segment], writes: _WriteState) -> None:
+        """Before a decode step: quantise the full tail page of every segment whose new token opens
+        a page, into the page allocated for it; every layer and K/V in one call for all of them.
+
+        The page holds earlier tokens only, so it is final before the forward runs, and it is the
+        page the general path would write during the forward. A failed forward returns it like any
+        other new page.
+        """
+        done = [i for i, s in enumerate(segments) if s.new_pages]
+        if not done:
+            return
+        kv = self.kv
+        slots = on_device([segments[i].seq.tail_slot for i in done], torch.long, kv.device)
+        ids = torch.cat([writes.new_pages[i] for i in done])
+        for layer in range(kv.format.num_layers):
+            for part in (0, 1):
+                pages = kv.tails.data[slots, layer, part].transpose(1, 2)      # [n, P, H, D] bf16
+                kv.write_pages(layer, part, ids, pages, writes.nonfinite)
 
     def _store(self, layer: int, s: Segment, writes: _WriteState, i: int, k: torch.Tensor,
                v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -191,27 +211,24 @@ class ModelRunner:
             opened.append(x)
         return opened[0], opened[1]
 
-    def _store_appends(self, layer: int, appends: "_TailAppends", k: torch.Tensor, v: torch.Tensor) -> None:
-        """One indexed write per K/V for every one-token segment that completes no page: the
-        common decode step, which per segment would cost a handful of small ops per layer."""
-        if not appends.rows:
-            return
+    def _store_appends(self, layer: int, appends: _TailAppends, k: torch.Tensor, v: torch.Tensor) -> None:
+        """A decode step's new tokens into their tail pages: one indexed write per K/V."""
         data = self.kv.tails.data
         for part, x in ((0, k), (1, v)):
-            data[appends.slots, layer, part, :, appends.offsets] = x[appends.index].to(torch.bfloat16)
+            data[appends.slots, layer, part, :, appends.offsets] = x.to(torch.bfloat16)
 
-    def _attend_chunk(self, layer: int, s: Segment, page_ids: torch.Tensor, q: torch.Tensor, pos: torch.Tensor,
+    def _attend_chunk(self, layer: int, page_ids: torch.Tensor, open_start: int, q: torch.Tensor, pos: torch.Tensor,
                       opened: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
-        kv, p, seq = self.kv, self.page_size, s.seq
-        pages = seq.pages + s.new_pages
-        open_start = len(seq.pages) * p
+        """Attention of one segment's queries over its pages ``page_ids`` and its open region."""
+        kv = self.kv
         if kv.device.type == "cuda":
             from kvwire.kernels.chunk_attention import paged_chunk_attention
             return paged_chunk_attention(q, pos, kv.pool.storage, kv.format, layer, page_ids, opened[0], opened[1],
                                          open_start, kv.static_scales)
+        pages = page_ids.tolist()
         k_pages = kv.read_pages(layer, 0, pages)
         v_pages = kv.read_pages(layer, 1, pages)
-        return attend_paged_reference(q, pos, k_pages, v_pages, opened[0], opened[1], open_start, p, mask)
+        return attend_paged_reference(q, pos, k_pages, v_pages, opened[0], opened[1], open_start, self.page_size, mask)
 
     def _decode_tables(self, segments: list[Segment]) -> tuple[torch.Tensor, ...]:
         """Page table, page counts, tail slots and tail lengths of a decode batch (after this step)."""

@@ -1,12 +1,14 @@
-"""Time one engine decode step (the decode worker's inner loop) on the GPU, batched tail writes
-against the per-sequence path they replaced, in one run.
+"""Time one engine decode step (the decode worker's inner loop) on the GPU, the decode-step path
+(batched tail writes, full tails quantised before the forward) against the general per-sequence
+path it replaced, in one run.
 
     python3 scripts/gpu/decode_step_probe.py [--shape smollm2-135m] [--batch 16] [--context 2048]
 
 Random weights at the shape (speed does not depend on their values), B sequences prefilled to the
-context, then timed decode steps of all B together (CUDA-synchronised wall time per step, median
-of --steps). "per-sequence" forces every sequence through the general store path (a handful of
-small ops per sequence and layer), which is what every decode step did before the batched write.
+context plus 0..B-1 tokens (so that pages complete on different steps, as in serving), then timed
+decode steps of all B together (CUDA-synchronised wall time per step, median of --steps).
+"per-sequence" forces every sequence through the general store path (a handful of small ops per
+sequence and layer, and chunk attention), which is what every decode step did before.
 Prints a table and writes JSON to --out.
 """
 from __future__ import annotations
@@ -26,9 +28,8 @@ from kvwire.runner import Segment
 
 
 def per_sequence_appends(segments, page_size, device):
-    """The general path for every sequence (the behaviour before batched tail writes)."""
-    empty = torch.empty(0, dtype=torch.long, device=device)
-    return runner_mod._TailAppends([], list(range(len(segments))), empty, empty, empty)
+    """No decode-step path: the general path for every sequence (the behaviour before it)."""
+    return None
 
 
 def sync(device: str) -> None:
@@ -64,13 +65,13 @@ def main() -> None:
     original = runner_mod._TailAppends.of
     for fmt in args.formats.split(","):
         engine = Engine(model, EngineConfig(kv_format=fmt, max_sequences=args.batch,
-                                            num_pages=args.batch * (args.context // 16 + 8 + args.steps // 4)),
+                                            num_pages=args.batch * ((args.context + args.batch) // 16 + 8 + args.steps // 4)),
                         calibration_ids=list(range(100, 400)))
         gen = torch.Generator().manual_seed(0)
         seqs = []
-        for _ in range(args.batch):
+        for i in range(args.batch):
             s = SequenceKV()
-            engine.prefill(s, torch.randint(1, 40000, (args.context,), generator=gen).tolist())
+            engine.prefill(s, torch.randint(1, 40000, (args.context + i,), generator=gen).tolist())
             seqs.append(s)
         for name, of in (("batched", original), ("per-sequence", per_sequence_appends)):
             runner_mod._TailAppends.of = staticmethod(of)

@@ -33,6 +33,7 @@ class EngineConfig:
     chunk_size: int = 512          # prefill tokens per forward; a multiple of page_size
     num_pages: int | None = None   # default: two full contexts, within DEFAULT_KV_BUDGET_BYTES
     max_sequences: int = 8
+    cuda_graphs: bool = False      # decode steps replayed from CUDA graphs (kvwire.decode_graphs); GPU only
 
     def __post_init__(self) -> None:
         KVFormat.parse(self.kv_format)
@@ -97,6 +98,9 @@ class Engine:
             self.kv.set_static_scales(reduce_for_granularity(
                 scales, kvf.key.granularity is Granularity.TENSOR, kvf.value.granularity is Granularity.TENSOR))
         self.runner = ModelRunner(model, self.kv)
+        if config.cuda_graphs and self.device.type == "cuda":
+            from kvwire.decode_graphs import DecodeGraphs
+            self.runner.decode_steps = DecodeGraphs(self.runner)
 
     @property
     def max_context(self) -> int:

@@ -14,10 +14,12 @@ forward, and the non-finite count of the quantised K/V is read once, after the l
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from kvwire.attention import attend_paged_reference, page_causal_mask
+from kvwire.decode_batch import DecodeBatch, decode_attention
 from kvwire.kv_cache import KVCache, SequenceKV
 from kvwire.page_pool import OutOfPagesError, page_chain_hashes
 from kvwire.quant import NonFiniteCount
@@ -44,29 +46,6 @@ class Segment:
 
 
 @dataclass(frozen=True)
-class _TailAppends:
-    """A decode step (one new token per segment): where each token goes in the tail pool.
-
-    A segment whose tail page is full has that page quantised before the forward
-    (``ModelRunner._complete_tails``), so every token of the step lands in a tail page with room:
-    one indexed write per layer and K/V stores them all, and the layers never take the general
-    chunk path (per segment: read the tail, concatenate, quantise, write the tail back).
-    """
-
-    slots: torch.Tensor       # tail slot of each segment, on the device
-    offsets: torch.Tensor     # position of its new token in the tail page
-    open_lens: list[int]      # tokens in its tail page after the append
-
-    @staticmethod
-    def of(segments: list[Segment], page_size: int, device: torch.device) -> "_TailAppends | None":
-        if not all(len(s.token_ids) == 1 for s in segments):
-            return None
-        offsets = [s.seq.num_tokens - (len(s.seq.pages) + len(s.new_pages)) * page_size for s in segments]
-        return _TailAppends(on_device([s.seq.tail_slot for s in segments], torch.long, device),
-                            on_device(offsets, torch.long, device), [o + 1 for o in offsets])
-
-
-@dataclass(frozen=True)
 class _WriteState:
     """What a forward's layers share, built once before the first layer: each segment's page ids
     on the device (a host list copied inside the layer loop would synchronise the stream once per
@@ -88,6 +67,8 @@ class ModelRunner:
         self.model = model
         self.kv = kv
         self.page_size = kv.format.page_size
+        # runs decode steps instead of the eager forward when set: kvwire.decode_graphs.DecodeGraphs
+        self.decode_steps: Callable[[DecodeBatch], torch.Tensor] | None = None
 
     def pages_needed(self, seq: SequenceKV, num_new_tokens: int) -> int:
         """Pages to quantise: every page before the one holding the newest token.
@@ -114,51 +95,19 @@ class ModelRunner:
             s.new_pages = kv.pool.allocate(self.pages_needed(s.seq, len(s.token_ids)))
 
         dev = kv.device
-        ids = on_device([t for s in segments for t in s.token_ids], torch.long, dev)
-        pos = torch.cat([torch.arange(s.seq.num_tokens, s.seq.num_tokens + len(s.token_ids), device=dev)
-                         for s in segments])
-        bounds, row = [], 0
-        for s in segments:
-            bounds.append((row, row + len(s.token_ids)))
-            row += len(s.token_ids)
-
-        on_gpu = dev.type == "cuda"
-        appends = _TailAppends.of(segments, self.page_size, dev)
+        batch = DecodeBatch.of(segments, self.page_size)
         writes = _WriteState.of(segments, dev)
-        if on_gpu and appends is not None:
-            tables = self._decode_tables(segments)
+        if batch is not None and self.decode_steps is not None:
+            decode_steps = self.decode_steps
 
-            def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-                self._store_appends(layer, appends, k, v)
-                from kvwire.kernels.paged_decode import paged_decode_attention
-                return paged_decode_attention(q, kv.pool.storage, kv.format, layer, *tables, kv.static_scales)
+            def run() -> torch.Tensor:
+                return decode_steps(batch)
         else:
-            p = self.page_size
-            # (start, length) of each segment's open (bf16) region: after a decode step's append, its
-            # tail page; else the old tail plus the new tokens, whose full pages this forward quantises
-            opens = ([((len(s.seq.pages) + len(s.new_pages)) * p, n) for s, n in zip(segments, appends.open_lens)]
-                     if appends is not None else
-                     [(len(s.seq.pages) * p, s.seq.tail_len(p) + len(s.token_ids)) for s in segments])
-            masks = [None if on_gpu else self._mask(s, pos[r0:r1], *o)
-                     for s, (r0, r1), o in zip(segments, bounds, opens)]
-
-            def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-                if appends is not None:
-                    self._store_appends(layer, appends, k, v)
-                out = torch.empty_like(q)
-                for i, (s, (r0, r1), mask, (start, n)) in enumerate(zip(segments, bounds, masks, opens)):
-                    if appends is not None:
-                        opened = (kv.read_tail(layer, 0, s.seq, n), kv.read_tail(layer, 1, s.seq, n))
-                    else:
-                        opened = self._store(layer, s, writes, i, k[r0:r1], v[r0:r1])
-                    out[r0:r1] = self._attend_chunk(layer, writes.all_pages[i], start, q[r0:r1], pos[r0:r1],
-                                                    opened, mask)
-                return out
-
+            run = self._eager(segments, batch, writes)
         try:
-            if appends is not None:
+            if batch is not None:
                 self._complete_tails(segments, writes)
-            logits = self.model(ids, pos, attn, logits_indices=on_device([b[1] - 1 for b in bounds], torch.long, dev))
+            logits = run()
             if writes.nonfinite is not None:
                 writes.nonfinite.raise_if_any()         # one sync for the whole forward, before any commit
         except BaseException:
@@ -169,6 +118,46 @@ class ModelRunner:
         for s in segments:
             self._commit(s)
         return logits
+
+    def _eager(self, segments: list[Segment], batch: DecodeBatch | None,
+               writes: _WriteState) -> Callable[[], torch.Tensor]:
+        """The forward as a call of the model with this step's attention callback."""
+        kv, dev, p = self.kv, self.kv.device, self.page_size
+        on_gpu = dev.type == "cuda"
+        ids = on_device([t for s in segments for t in s.token_ids], torch.long, dev)
+        pos = torch.cat([torch.arange(s.seq.num_tokens, s.seq.num_tokens + len(s.token_ids), device=dev)
+                         for s in segments])
+        bounds, row = [], 0
+        for s in segments:
+            bounds.append((row, row + len(s.token_ids)))
+            row += len(s.token_ids)
+        step = batch.tensors().to(dev) if batch is not None else None
+        if on_gpu and step is not None:
+            attn = decode_attention(kv, step)
+        else:
+            # (start, length) of each segment's open (bf16) region: after a decode step's append, its
+            # tail page; else the old tail plus the new tokens, whose full pages this forward quantises
+            opens = ([(len(x) * p, o + 1) for x, o in zip(batch.pages, batch.offsets)] if batch is not None else
+                     [(len(s.seq.pages) * p, s.seq.tail_len(p) + len(s.token_ids)) for s in segments])
+            masks = [None if on_gpu else self._mask(s, pos[r0:r1], *o)
+                     for s, (r0, r1), o in zip(segments, bounds, opens)]
+
+            def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+                if step is not None:
+                    for part, x in ((0, k), (1, v)):
+                        kv.tails.data[step.slots, layer, part, :, step.offsets] = x.to(torch.bfloat16)
+                out = torch.empty_like(q)
+                for i, (s, (r0, r1), mask, (start, n)) in enumerate(zip(segments, bounds, masks, opens)):
+                    if step is not None:
+                        opened = (kv.read_tail(layer, 0, s.seq, n), kv.read_tail(layer, 1, s.seq, n))
+                    else:
+                        opened = self._store(layer, s, writes, i, k[r0:r1], v[r0:r1])
+                    out[r0:r1] = self._attend_chunk(layer, writes.all_pages[i], start, q[r0:r1], pos[r0:r1],
+                                                    opened, mask)
+                return out
+
+        indices = on_device([b[1] - 1 for b in bounds], torch.long, dev)
+        return lambda: self.model(ids, pos, attn, logits_indices=indices)
 
     def _mask(self, s: Segment, pos: torch.Tensor, open_start: int, open_len: int) -> torch.Tensor:
         num_pages = len(s.seq.pages) + len(s.new_pages)
@@ -211,12 +200,6 @@ class ModelRunner:
             opened.append(x)
         return opened[0], opened[1]
 
-    def _store_appends(self, layer: int, appends: _TailAppends, k: torch.Tensor, v: torch.Tensor) -> None:
-        """A decode step's new tokens into their tail pages: one indexed write per K/V."""
-        data = self.kv.tails.data
-        for part, x in ((0, k), (1, v)):
-            data[appends.slots, layer, part, :, appends.offsets] = x.to(torch.bfloat16)
-
     def _attend_chunk(self, layer: int, page_ids: torch.Tensor, open_start: int, q: torch.Tensor, pos: torch.Tensor,
                       opened: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
         """Attention of one segment's queries over its pages ``page_ids`` and its open region."""
@@ -229,21 +212,6 @@ class ModelRunner:
         k_pages = kv.read_pages(layer, 0, pages)
         v_pages = kv.read_pages(layer, 1, pages)
         return attend_paged_reference(q, pos, k_pages, v_pages, opened[0], opened[1], open_start, self.page_size, mask)
-
-    def _decode_tables(self, segments: list[Segment]) -> tuple[torch.Tensor, ...]:
-        """Page table, page counts, tail slots and tail lengths of a decode batch (after this step)."""
-        p, dev = self.page_size, self.kv.device
-        pages = [s.seq.pages + s.new_pages for s in segments]
-        table = torch.zeros((len(segments), max(1, max(len(x) for x in pages))), dtype=torch.int32)
-        for i, x in enumerate(pages):
-            table[i, :len(x)] = torch.tensor(x, dtype=torch.int32)
-        tail_len = [s.seq.num_tokens + 1 - len(x) * p for s, x in zip(segments, pages)]
-
-        def as_i32(values: list[int]) -> torch.Tensor:
-            return on_device(values, torch.int32, dev)
-
-        return (table.to(dev, non_blocking=True), as_i32([len(x) for x in pages]), self.kv.tails.data,
-                as_i32([s.seq.tail_slot for s in segments]), as_i32(tail_len))
 
     def _commit(self, s: Segment) -> None:
         """After a successful forward: the new pages join the sequence and the prefix cache."""

@@ -20,6 +20,7 @@ class WorkerConfig:
     chunk_size: int = 512
     num_pages: int | None = None
     max_batch: int = 32                # decode: sequences decoded together at most
+    cuda_graphs: bool = False          # decode steps from CUDA graphs (on a GPU; no effect on the CPU)
     transport: str = "nixl"            # or "inprocess" (single-process runs and tests)
     transfer_deadline_s: float = 30.0
     hold_timeout_s: float = 120.0      # prefill: free a manifest's pages if no decode notice by then
@@ -43,6 +44,7 @@ def build_engine(cfg: WorkerConfig):
     model, tokenizer = load_model(cfg.model, load_format=cfg.load_format, model_shape=cfg.model_shape, device=device)
     calibration = tokenizer.encode(CALIBRATION_TEXT) if tokenizer is not None else None
     engine = Engine(model, EngineConfig(kv_format=cfg.kv_format, page_size=cfg.page_size, chunk_size=cfg.chunk_size,
-                                        num_pages=cfg.num_pages, max_sequences=cfg.max_batch + 1),
+                                        num_pages=cfg.num_pages, max_sequences=cfg.max_batch + 1,
+                                        cuda_graphs=cfg.cuda_graphs),
                     calibration_ids=calibration)
     return engine, tokenizer

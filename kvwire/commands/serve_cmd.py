@@ -31,6 +31,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kv-format", help="KV format of the default pool when no --config (default bf16)")
     p.add_argument("--device", help="worker device when no --config: auto, cpu or cuda (default auto)")
     p.add_argument("--num-pages", type=int, help="KV pages per worker when no --config (default: engine's)")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="decode steps replayed from CUDA graphs, when no --config (GPU workers only; "
+                        "experimental: not yet run on a GPU)")
     p.set_defaults(run=run)
 
 
@@ -39,14 +42,15 @@ def build_config(args: argparse.Namespace):
 
     try:
         if args.config:
-            if args.kv_format or args.device or args.num_pages:
-                raise UsageError("--kv-format/--device/--num-pages describe the default pool; "
+            if args.kv_format or args.device or args.num_pages or args.cuda_graphs:
+                raise UsageError("--kv-format/--device/--num-pages/--cuda-graphs describe the default pool; "
                                  "with --config, set them per pool in the file")
             config = load_config(args.config)
         else:
             fmt = args.kv_format or "bf16"
             config = ServeConfig(pools=(PoolConfig(f"smollm2-{fmt.replace('/', '-')}", kv_format=fmt,
-                                                   device=args.device or "auto", num_pages=args.num_pages),))
+                                                   device=args.device or "auto", num_pages=args.num_pages,
+                                                   cuda_graphs=args.cuda_graphs),))
         overrides = {k: v for k, v in (("host", args.host), ("port", args.port),
                                         ("metrics_port", args.metrics_port)) if v is not None}
         if overrides:

@@ -1,0 +1,103 @@
+"""Decode steps replayed from CUDA graphs, one per (batch bucket, page-table width).
+
+Why: a decode step of a small model is bound by kernel launches, not by the kernels. SmolLM2 at
+batch 16 spent ~22 ms per step on the H200 against about a millisecond of kernel time
+(docs/benchmarks.md, "Decode step"). A graph replays the step's few hundred launches as one.
+
+What makes a step capturable (``kvwire.decode_batch``): every decode step is, per layer, one
+indexed write into the tail pool and one paged-decode call; the tail pages a step closes are
+quantised before it, eagerly; and nothing inside the layers synchronises with the host
+(``kvwire.runner``). So a step depends on its batch only through the inputs' sizes.
+
+Shapes: a step of B sequences whose longest has N pages runs in the bucket (B', W): B' the
+smallest of ``BATCH_BUCKETS`` >= B, W the smallest power of two >= N (at least ``MIN_WIDTH``).
+Rows B..B'-1 repeat row 0 (``DecodeBatch.padded``); columns past a row's page count are never
+read. The split-KV plan of the paged-decode kernel depends only on (B', W), so it is fixed in
+the graph. A bucket is captured on first use, with that step's real inputs in its buffers: the
+warm-up runs and the capture's own replay write the same K/V to the same tail positions, so
+capturing changes nothing a plain step would not.
+
+``capture=False`` runs the same padded, fixed-shape step eagerly: what the tests check on the CPU
+against the plain forward, and a fallback where capture is unavailable.
+"""
+from __future__ import annotations
+
+import torch
+
+from kvwire.decode_batch import DecodeBatch, DecodeTensors, decode_attention
+
+BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+MIN_WIDTH = 16          # pages; 256 tokens at page size 16
+
+
+def batch_bucket(rows: int) -> int:
+    for b in BATCH_BUCKETS:
+        if b >= rows:
+            return b
+    raise ValueError(f"a decode step of {rows} sequences is larger than the largest bucket ({BATCH_BUCKETS[-1]})")
+
+
+def width_bucket(pages: int) -> int:
+    width = MIN_WIDTH
+    while width < pages:
+        width *= 2
+    return width
+
+
+class StaticDecodeStep:
+    """One bucket: fixed input buffers on the device, the step over them, and its graph if captured."""
+
+    def __init__(self, runner, rows: int, width: int) -> None:
+        self.runner, self.rows, self.width = runner, rows, width
+        self.inputs = DecodeBatch([0] * rows, [0] * rows, [0] * rows, [0] * rows, [[]] * rows).tensors(width).to(
+            runner.kv.device)
+        self.indices = torch.arange(rows, device=runner.kv.device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.logits: torch.Tensor | None = None
+
+    def load(self, batch: DecodeBatch) -> None:
+        batch.padded(self.rows).tensors(self.width).copy_into(self.inputs)
+
+    def forward(self) -> torch.Tensor:
+        t: DecodeTensors = self.inputs
+        return self.runner.model(t.ids, t.pos, decode_attention(self.runner.kv, t), logits_indices=self.indices)
+
+    def capture(self, pool) -> None:
+        """Warm up on a side stream (compiles kernels, builds the model's caches), then capture."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self.forward()
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.logits = self.forward()
+
+    def replay(self) -> torch.Tensor:
+        self.graph.replay()
+        return self.logits
+
+
+class DecodeGraphs:
+    """``ModelRunner.decode_steps``: runs each decode step in its bucket, from a graph if ``capture``."""
+
+    def __init__(self, runner, capture: bool = True) -> None:
+        if capture and runner.kv.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device, the KV cache is on {runner.kv.device}")
+        self.runner, self.capture = runner, capture
+        self.steps: dict[tuple[int, int], StaticDecodeStep] = {}
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
+
+    def __call__(self, batch: DecodeBatch) -> torch.Tensor:
+        """Float32 logits [len(batch), vocab] of the step (a copy: the graphs share one memory pool)."""
+        key = (batch_bucket(len(batch)), width_bucket(max(len(x) for x in batch.pages)))
+        step = self.steps.get(key)
+        fresh = step is None
+        if fresh:
+            step = self.steps[key] = StaticDecodeStep(self.runner, *key)
+        step.load(batch)
+        if not self.capture:
+            return step.forward()[:len(batch)]
+        if fresh:
+            step.capture(self.pool)
+        return step.replay()[:len(batch)].clone()

@@ -1,0 +1,90 @@
+"""Decode steps in fixed shapes (kvwire.decode_graphs): padded to a batch bucket and a page-table
+width, they must give the plain forward's logits and leave the same pages and tails, and touch
+nothing else: not an idle sequence's tail, not a page outside the step. On the CPU the fixed-shape
+step runs eagerly (what a graph would replay); on CUDA it is captured and replayed."""
+import pytest
+import torch
+
+from kvwire.decode_graphs import DecodeGraphs, batch_bucket, width_bucket
+from kvwire.engine import Engine, EngineConfig
+from kvwire.kv_cache import SequenceKV
+from kvwire.model.config import ModelConfig
+from kvwire.model.llama import LlamaModel
+from kvwire.runner import Segment
+
+TINY = ModelConfig(name="tiny", vocab_size=97, hidden_size=64, intermediate_size=128, num_layers=2,
+                   num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=10000.0, rope_scaling=None,
+                   rms_norm_eps=1e-5, max_context=512, tie_embeddings=True, bos_token_id=None)
+PAGE = 8
+
+
+def run(device: str, fmt: str, graphs: str | None, steps: int = 11):
+    model = LlamaModel(TINY, dtype=torch.float32, device=device)
+    model.init_random(seed=1)
+    engine = Engine(model, EngineConfig(kv_format=fmt, page_size=PAGE, chunk_size=16),
+                    calibration_ids=list(range(1, 60)))
+    engine.kv.pool.storage.random_(0, 256, generator=torch.Generator(device).manual_seed(5))
+    engine.kv.tails.data.normal_(generator=torch.Generator(device).manual_seed(6))
+    if graphs is not None:
+        engine.runner.decode_steps = DecodeGraphs(engine.runner, capture=graphs == "captured")
+    g = torch.Generator().manual_seed(2)
+    seqs = [SequenceKV() for _ in range(4)]
+    for seq, n in zip(seqs, (5, 8, 14, 30)):                  # tails of 5, 8 (full), 6 and 6 tokens
+        engine.prefill(seq, torch.randint(1, 97, (n,), generator=g).tolist())
+    idle, active = seqs[3], seqs[:3]                          # 3 rows: padded to a bucket of 4
+    idle_tail = engine.kv.tails.data[idle.tail_slot].clone()
+    idle_pages = torch.stack([engine.kv.read_pages(layer, part, idle.pages) for layer in range(2) for part in (0, 1)])
+    logits = []
+    for _ in range(steps):
+        toks = torch.randint(1, 97, (len(active),), generator=g).tolist()
+        logits.append(engine.runner.forward([Segment(s, [t], None) for s, t in zip(active, toks)]).float().cpu())
+    kv = engine.kv
+    stored = [(torch.stack([kv.read_pages(layer, part, s.pages) for layer in range(2) for part in (0, 1)]).cpu(),
+               kv.tails.data[s.tail_slot].float().cpu()[..., :s.tail_len(PAGE), :]) for s in active]
+    assert torch.equal(kv.tails.data[idle.tail_slot], idle_tail), "a padded step wrote into an idle tail"
+    assert torch.equal(idle_pages, torch.stack([kv.read_pages(layer, part, idle.pages)
+                                                for layer in range(2) for part in (0, 1)]))
+    used = kv.pool.counters().used
+    for s in seqs:
+        engine.runner.release(s)
+    assert kv.pool.counters().used == 0
+    return torch.stack(logits), stored, used, engine.runner.decode_steps
+
+
+def fixed_against_plain(device: str, fmt: str, mode: str, tol: float) -> dict:
+    """Run the same steps plainly and in fixed shapes; return the fixed run's steps by bucket."""
+    (la, sa, ua, _), (lb, sb, ub, fixed) = run(device, fmt, None), run(device, fmt, mode)
+    torch.testing.assert_close(lb, la, rtol=tol, atol=tol)
+    assert ub == ua
+    for (pa, ta), (pb, tb) in zip(sa, sb):
+        torch.testing.assert_close(pb, pa, rtol=tol, atol=tol)
+        torch.testing.assert_close(tb, ta, rtol=tol, atol=tol)
+    return fixed.steps
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8-token/nvfp4", "fp8-tensor"])
+def test_fixed_shape_decode_steps_equal_the_plain_forward(fmt):
+    steps = fixed_against_plain("cpu", fmt, "eager", 1e-5)
+    assert set(steps) == {(4, 16)} and all(s.graph is None for s in steps.values())
+
+
+def test_buckets():
+    assert [batch_bucket(n) for n in (1, 3, 4, 5, 17, 256)] == [1, 4, 4, 8, 24, 256]
+    with pytest.raises(ValueError, match="largest bucket"):
+        batch_bucket(257)
+    assert [width_bucket(n) for n in (0, 1, 16, 17, 100)] == [16, 16, 16, 32, 128]
+
+
+def test_capture_needs_cuda():
+    model = LlamaModel(TINY, dtype=torch.float32, device="cpu")
+    engine = Engine(model, EngineConfig(page_size=PAGE, chunk_size=16))
+    with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
+        DecodeGraphs(engine.runner)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("fmt", ["bf16", "nvfp4", "fp8-token/nvfp4"])
+def test_captured_decode_steps_equal_eager_ones(fmt):
+    steps = fixed_against_plain("cuda", fmt, "captured", 2e-3)
+    assert steps and all(s.graph is not None for s in steps.values())

@@ -22,10 +22,13 @@ against the plain forward, and a fallback where capture is unavailable.
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from kvwire.decode_batch import DecodeBatch, DecodeTensors, decode_attention
 
+log = logging.getLogger(__name__)
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 MIN_WIDTH = 16          # pages; 256 tokens at page size 16
 
@@ -69,9 +72,10 @@ class StaticDecodeStep:
         with torch.cuda.stream(side):
             self.forward()
         torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
-            self.logits = self.forward()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            logits = self.forward()
+        self.graph, self.logits = graph, logits
 
     def replay(self) -> torch.Tensor:
         self.graph.replay()
@@ -79,7 +83,12 @@ class StaticDecodeStep:
 
 
 class DecodeGraphs:
-    """``ModelRunner.decode_steps``: runs each decode step in its bucket, from a graph if ``capture``."""
+    """``ModelRunner.decode_steps``: runs each decode step in its bucket, from a graph if ``capture``.
+
+    A step larger than the largest bucket runs eagerly at its own size. A bucket whose capture
+    fails (logged once) runs eagerly in its fixed shape from then on: the warm-up has run the
+    step, and running it again writes the same bytes.
+    """
 
     def __init__(self, runner, capture: bool = True) -> None:
         if capture and runner.kv.device.type != "cuda":
@@ -90,14 +99,21 @@ class DecodeGraphs:
 
     def __call__(self, batch: DecodeBatch) -> torch.Tensor:
         """Float32 logits [len(batch), vocab] of the step (a copy: the graphs share one memory pool)."""
+        if len(batch) > BATCH_BUCKETS[-1]:
+            t = batch.tensors().to(self.runner.kv.device)
+            rows = torch.arange(len(batch), device=self.runner.kv.device)
+            return self.runner.model(t.ids, t.pos, decode_attention(self.runner.kv, t), logits_indices=rows)
         key = (batch_bucket(len(batch)), width_bucket(max(len(x) for x in batch.pages)))
         step = self.steps.get(key)
         fresh = step is None
         if fresh:
             step = self.steps[key] = StaticDecodeStep(self.runner, *key)
         step.load(batch)
-        if not self.capture:
+        if self.capture and fresh:
+            try:
+                step.capture(self.pool)
+            except RuntimeError as exc:
+                log.warning("decode step %s: CUDA graph capture failed, running it eagerly: %s", key, exc)
+        if step.graph is None:
             return step.forward()[:len(batch)]
-        if fresh:
-            step.capture(self.pool)
         return step.replay()[:len(batch)].clone()

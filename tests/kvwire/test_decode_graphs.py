@@ -75,6 +75,12 @@ def test_buckets():
     assert [width_bucket(n) for n in (0, 1, 16, 17, 100)] == [16, 16, 16, 32, 128]
 
 
+def test_a_step_past_the_largest_bucket_runs_at_its_own_size(monkeypatch):
+    monkeypatch.setattr("kvwire.decode_graphs.BATCH_BUCKETS", (1, 2))
+    steps = fixed_against_plain("cpu", "nvfp4", "eager", 1e-5)
+    assert not steps, "three sequences fit no bucket: nothing is kept"
+
+
 def test_capture_needs_cuda():
     model = LlamaModel(TINY, dtype=torch.float32, device="cpu")
     engine = Engine(model, EngineConfig(page_size=PAGE, chunk_size=16))

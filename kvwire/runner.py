@@ -45,21 +45,25 @@ class Segment:
     new_pages: list[int] | None = None
 
 
-@dataclass(frozen=True)
 class _WriteState:
-    """What a forward's layers share, built once before the first layer: each segment's page ids
-    on the device (a host list copied inside the layer loop would synchronise the stream once per
-    layer) and the count of non-finite K/V (read once, after the last layer)."""
+    """What a forward's layers share: each segment's page ids on the device, copied on first use
+    and kept for every layer (a host list copied inside each layer would cost a copy per layer,
+    and a synchronising one at that), and the count of non-finite K/V (read once, after the last
+    layer; on CUDA: the CPU reference path checks each write at once)."""
 
-    new_pages: list[torch.Tensor]     # int64 per segment: the pages this forward quantises
-    all_pages: list[torch.Tensor]     # int32 per segment: every page it attends (old + new)
-    nonfinite: NonFiniteCount | None  # on CUDA; the CPU reference path checks each write at once
+    def __init__(self, segments: list[Segment], device: torch.device) -> None:
+        self.segments, self.device = segments, device
+        self.nonfinite = NonFiniteCount(device) if device.type == "cuda" else None
+        self._ids: dict[tuple[int, bool], torch.Tensor] = {}
 
-    @staticmethod
-    def of(segments: list[Segment], device: torch.device) -> "_WriteState":
-        return _WriteState([on_device(s.new_pages, torch.long, device) for s in segments],
-                           [on_device(s.seq.pages + s.new_pages, torch.int32, device) for s in segments],
-                           NonFiniteCount(device) if device.type == "cuda" else None)
+    def page_ids(self, i: int, new_only: bool) -> torch.Tensor:
+        """Segment ``i``'s new pages (int64, to write) or all its pages (int32, to attend)."""
+        key = (i, new_only)
+        if key not in self._ids:
+            s = self.segments[i]
+            self._ids[key] = (on_device(s.new_pages, torch.long, self.device) if new_only else
+                              on_device(s.seq.pages + s.new_pages, torch.int32, self.device))
+        return self._ids[key]
 
 
 class ModelRunner:
@@ -96,7 +100,7 @@ class ModelRunner:
 
         dev = kv.device
         batch = DecodeBatch.of(segments, self.page_size)
-        writes = _WriteState.of(segments, dev)
+        writes = _WriteState(segments, dev)
         if batch is not None and self.decode_steps is not None:
             decode_steps = self.decode_steps
 
@@ -152,7 +156,7 @@ class ModelRunner:
                         opened = (kv.read_tail(layer, 0, s.seq, n), kv.read_tail(layer, 1, s.seq, n))
                     else:
                         opened = self._store(layer, s, writes, i, k[r0:r1], v[r0:r1])
-                    out[r0:r1] = self._attend_chunk(layer, writes.all_pages[i], start, q[r0:r1], pos[r0:r1],
+                    out[r0:r1] = self._attend_chunk(layer, writes.page_ids(i, False), start, q[r0:r1], pos[r0:r1],
                                                     opened, mask)
                 return out
 
@@ -176,7 +180,7 @@ class ModelRunner:
             return
         kv = self.kv
         slots = on_device([segments[i].seq.tail_slot for i in done], torch.long, kv.device)
-        ids = torch.cat([writes.new_pages[i] for i in done])
+        ids = on_device([page for i in done for page in segments[i].new_pages], torch.long, kv.device)
         for layer in range(kv.format.num_layers):
             for part in (0, 1):
                 pages = kv.tails.data[slots, layer, part].transpose(1, 2)      # [n, P, H, D] bf16
@@ -194,7 +198,7 @@ class ModelRunner:
         for part, new in ((0, k), (1, v)):
             x = torch.cat((kv.read_tail(layer, part, seq), new.to(torch.bfloat16)))
             if n_full:
-                kv.write_pages(layer, part, writes.new_pages[i], x[:n_full].reshape(-1, p, *x.shape[1:]),
+                kv.write_pages(layer, part, writes.page_ids(i, True), x[:n_full].reshape(-1, p, *x.shape[1:]),
                                writes.nonfinite)
             kv.write_tail(layer, part, seq.tail_slot, x[n_full:])
             opened.append(x)

@@ -30,6 +30,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--page-size", type=int, default=16, help="tokens per KV page (default 16)")
     p.add_argument("--chunk-size", type=int, default=512, help="prefill tokens per forward pass (default 512)")
+    p.add_argument("--cuda-graphs", action="store_true", help="decode steps replayed from CUDA graphs (on a GPU; "
+                   "ignored on the CPU; experimental: not yet run on a GPU)")
     p.add_argument("--router", metavar="HOST:PORT", help="send the prompt to a running `kvwire serve` instead of "
                    "running the model here (the model flags are then ignored)")
     p.add_argument("--pool", default="", help="with --router: the pool to use (default: by --kv-format, or the "
@@ -69,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                                 top_p=args.top_p, seed=args.seed)
-        config = EngineConfig(kv_format=args.kv_format, page_size=args.page_size, chunk_size=args.chunk_size)
+        config = EngineConfig(kv_format=args.kv_format, page_size=args.page_size, chunk_size=args.chunk_size,
+                              cuda_graphs=args.cuda_graphs)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     model, tokenizer = load_from_args(args)

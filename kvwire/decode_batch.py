@@ -96,13 +96,17 @@ class DecodeTensors:
             getattr(dst, f.name).copy_(getattr(self, f.name), non_blocking=True)
 
 
+def append_to_tails(kv: KVCache, t: DecodeTensors, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    """The step's new K and V [rows, H, D] of ``layer`` into their tail pages: one indexed write each."""
+    for part, x in ((0, k), (1, v)):
+        kv.tails.data[t.slots, layer, part, :, t.offsets] = x.to(torch.bfloat16)
+
+
 def decode_attention(kv: KVCache, t: DecodeTensors) -> AttnFn:
     """The step's attention callback: the new K/V into the tail pages, then paged decode over pages + tail."""
     def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         from kvwire.kernels.paged_decode import paged_decode_attention
-        data = kv.tails.data
-        for part, x in ((0, k), (1, v)):
-            data[t.slots, layer, part, :, t.offsets] = x.to(torch.bfloat16)
-        return paged_decode_attention(q, kv.pool.storage, kv.format, layer, t.table, t.num_pages, data,
+        append_to_tails(kv, t, layer, k, v)
+        return paged_decode_attention(q, kv.pool.storage, kv.format, layer, t.table, t.num_pages, kv.tails.data,
                                       t.tail_slot, t.tail_len, kv.static_scales)
     return attn

@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 
 from kvwire.attention import attend_paged_reference, page_causal_mask
-from kvwire.decode_batch import DecodeBatch, decode_attention
+from kvwire.decode_batch import DecodeBatch, append_to_tails, decode_attention
 from kvwire.kv_cache import KVCache, SequenceKV
 from kvwire.page_pool import OutOfPagesError, page_chain_hashes
 from kvwire.quant import NonFiniteCount
@@ -148,8 +148,7 @@ class ModelRunner:
 
             def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
                 if step is not None:
-                    for part, x in ((0, k), (1, v)):
-                        kv.tails.data[step.slots, layer, part, :, step.offsets] = x.to(torch.bfloat16)
+                    append_to_tails(kv, step, layer, k, v)
                 out = torch.empty_like(q)
                 for i, (s, (r0, r1), mask, (start, n)) in enumerate(zip(segments, bounds, masks, opens)):
                     if step is not None:
@@ -169,7 +168,7 @@ class ModelRunner:
 
     def _complete_tails(self, segments: list[Segment], writes: _WriteState) -> None:
         """Before a decode step: quantise the full tail page of every segment whose new token opens
-        a page, into the page allocated for it; every layer and K/V in one call for all of them.
+        a page, into the page allocated for it; one call per layer and K/V covers all of them.
 
         The page holds earlier tokens only, so it is final before the forward runs, and it is the
         page the general path would write during the forward. A failed forward returns it like any

@@ -52,7 +52,8 @@ class StaticDecodeStep:
 
     def __init__(self, runner, rows: int, width: int) -> None:
         self.runner, self.rows, self.width = runner, rows, width
-        self.inputs = DecodeBatch([0] * rows, [0] * rows, [0] * rows, [0] * rows, [[]] * rows).tensors(width).to(
+        none = torch.empty(0, dtype=torch.int32)
+        self.inputs = DecodeBatch([0] * rows, [0] * rows, [0] * rows, [0] * rows, [none] * rows).tensors(width).to(
             runner.kv.device)
         self.indices = torch.arange(rows, device=runner.kv.device)
         self.graph: torch.cuda.CUDAGraph | None = None

@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 
 from kvwire.attention import attend_paged_reference, page_causal_mask
-from kvwire.decode_batch import DecodeBatch, append_to_tails, decode_attention
+from kvwire.decode_batch import DecodeBatch, PageRows, append_to_tails, decode_attention
 from kvwire.kv_cache import KVCache, SequenceKV
 from kvwire.page_pool import OutOfPagesError, page_chain_hashes
 from kvwire.quant import NonFiniteCount
@@ -73,6 +73,7 @@ class ModelRunner:
         self.page_size = kv.format.page_size
         # runs decode steps instead of the eager forward when set: kvwire.decode_graphs.DecodeGraphs
         self.decode_steps: Callable[[DecodeBatch], torch.Tensor] | None = None
+        self.page_rows = PageRows()
 
     def pages_needed(self, seq: SequenceKV, num_new_tokens: int) -> int:
         """Pages to quantise: every page before the one holding the newest token.
@@ -99,7 +100,7 @@ class ModelRunner:
             s.new_pages = kv.pool.allocate(self.pages_needed(s.seq, len(s.token_ids)))
 
         dev = kv.device
-        batch = DecodeBatch.of(segments, self.page_size)
+        batch = DecodeBatch.of(segments, self.page_size, self.page_rows)
         writes = _WriteState(segments, dev)
         if batch is not None and self.decode_steps is not None:
             decode_steps = self.decode_steps
@@ -236,6 +237,7 @@ class ModelRunner:
         seq.pages = []
         seq.chain_hashes = []
         if seq.tail_slot >= 0:
+            self.page_rows.forget(seq.tail_slot)
             self.kv.tails.release(seq.tail_slot)
             seq.tail_slot = -1
         seq.num_tokens = 0

@@ -100,6 +100,17 @@ class KVCache:
         for name, t in sections.items():
             self.pool.section(layer, part, name)[idx] = t
 
+    def write_page_layers(self, part: int, page_ids: torch.Tensor, x: torch.Tensor,
+                          nonfinite: NonFiniteCount | None = None) -> None:
+        """Quantise every layer of full pages ``x`` [n, layers, P, H, D] (K: part 0, V: 1) at once."""
+        if self.device.type == "cuda":
+            from kvwire.kernels.quantize import write_page_layers
+            write_page_layers(self.pool.storage, self.format, part, page_ids, x, self.static_scales,
+                              nonfinite=nonfinite)
+            return
+        for layer in range(self.format.num_layers):
+            self.write_pages(layer, part, page_ids, x[:, layer])
+
     def read_pages(self, layer: int, part: int, page_ids: list[int]) -> torch.Tensor:
         """Pages as stored, decoded to float32 ``[n * P, H, D]``."""
         fmt = self.format.part_format(part)

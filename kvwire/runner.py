@@ -169,7 +169,8 @@ class ModelRunner:
 
     def _complete_tails(self, segments: list[Segment], writes: _WriteState) -> None:
         """Before a decode step: quantise the full tail page of every segment whose new token opens
-        a page, into the page allocated for it; one call per layer and K/V covers all of them.
+        a page, into the page allocated for it; one call for K and one for V covers every layer of
+        all of them.
 
         The page holds earlier tokens only, so it is final before the forward runs, and it is the
         page the general path would write during the forward. A failed forward returns it like any
@@ -181,10 +182,9 @@ class ModelRunner:
         kv = self.kv
         slots = on_device([segments[i].seq.tail_slot for i in done], torch.long, kv.device)
         ids = on_device([page for i in done for page in segments[i].new_pages], torch.long, kv.device)
-        for layer in range(kv.format.num_layers):
-            for part in (0, 1):
-                pages = kv.tails.data[slots, layer, part].transpose(1, 2)      # [n, P, H, D] bf16
-                kv.write_pages(layer, part, ids, pages, writes.nonfinite)
+        tails = kv.tails.data[slots]                                  # [n, layers, 2, H, P, D] bf16
+        for part in (0, 1):
+            kv.write_page_layers(part, ids, tails[:, :, part].transpose(2, 3), writes.nonfinite)
 
     def _store(self, layer: int, s: Segment, writes: _WriteState, i: int, k: torch.Tensor,
                v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -216,6 +216,36 @@ def write_pages(storage: torch.Tensor, page_format: PageFormat, layer: int, part
             raise non_finite_error(bad)
 
 
+def write_page_layers(storage: torch.Tensor, page_format: PageFormat, part: int, page_ids: torch.Tensor,
+                      x: torch.Tensor, static_scales: torch.Tensor | None = None, *,
+                      nonfinite: NonFiniteCount | None = None, backend: str = "auto") -> None:
+    """Quantise every layer of full pages at once: ``x`` [n, layers, P, H, D] into pages ``page_ids``.
+
+    The decode step closes pages whose K/V all layers already hold (the bf16 tails), and one launch
+    for them all beats one per layer. ``PageFormat`` lays a page out as its layers one after
+    another, each the same ``page_bytes / layers`` bytes with the same layout, so layer l of page i
+    is the page ``i * layers + l`` of the same format with one layer: one ``write_pages`` call
+    quantises n x layers such pages. Formats with static scales (one per layer) take one call per
+    layer, and so does the torch reference path. ``static_scales``: [layers, 2, H].
+    """
+    f = page_format
+    layers = f.num_layers
+    if x.dim() != 5 or tuple(x.shape[1:]) != (layers, f.page_size, f.num_kv_heads, f.head_dim):
+        raise ValueError(f"expected x [pages, {layers}, {f.page_size}, {f.num_kv_heads}, {f.head_dim}], "
+                         f"got {tuple(x.shape)}")
+    if f.part_format(part).has_static_scales or not use_triton(storage):
+        for layer in range(layers):
+            static = static_scales[layer, part] if static_scales is not None else None
+            write_pages(storage, f, layer, part, page_ids, x[:, layer], static, nonfinite=nonfinite, backend=backend)
+        return
+    check_storage(storage, f)
+    one_layer = PageFormat(f.kv, f.page_size, 1, f.num_kv_heads, f.head_dim)
+    ids = torch.as_tensor(page_ids, device=storage.device).to(torch.int64)
+    unit_ids = (ids[:, None] * layers + torch.arange(layers, device=storage.device)).reshape(-1)
+    write_pages(storage.view(-1, one_layer.page_bytes), one_layer, 0, part, unit_ids,
+                x.reshape(-1, f.page_size, f.num_kv_heads, f.head_dim), nonfinite=nonfinite, backend=backend)
+
+
 def _launch_triton(storage, f, fmt, x, ids, static, flag, offsets, check_finite, hw, hw_block_scale,
                    heads_per_program) -> None:
     data_off, s_off, bs_off, gs_off = offsets

@@ -4,7 +4,7 @@ import torch
 
 from kvwire.kernels import cuda_emulator
 from kvwire.kernels._common import interpreting
-from kvwire.kernels.quantize import write_pages, write_pages_reference
+from kvwire.kernels.quantize import write_page_layers, write_pages, write_pages_reference
 from kvwire.quant import NonFiniteCount, NonFiniteInputError
 
 from .helpers import ALL_UNIFORM, make_format, random_kv
@@ -85,6 +85,27 @@ def test_deferred_non_finite_count_adds_up_over_writes(backend):
     count.raise_if_any()                       # the check resets the count
     with pytest.raises(ValueError, match="check_finite=True"):
         write_pages(storage, f, 0, 0, torch.tensor([0]), x[:1], nonfinite=count, check_finite=False)
+
+
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+@pytest.mark.parametrize("name", ["nvfp4", "fp8-token/nvfp4", "fp8-page", "fp8-tensor/nvfp4"])
+def test_write_page_layers_equals_a_write_per_layer(backend, name):
+    """All layers in one call (layer l of page i as page i * layers + l of a one-layer format), from
+    strided bf16 tails as the runner passes them; static-scale parts take one call per layer."""
+    if backend == "cuda" and not cuda_emulator.available():
+        pytest.skip("the CUDA kernel runs on the CPU in the emulator, which needs g++ on x86-64")
+    gen = torch.Generator().manual_seed(3)
+    f = make_format(name, layers=3, heads=2, head_dim=128)
+    storage = torch.randint(0, 256, (10, f.page_bytes), dtype=torch.uint8, generator=gen)
+    expect = storage.clone()
+    ids = torch.randperm(10, generator=gen)[:4]
+    static = torch.rand((3, 2, 2), generator=gen) * 0.01 + 0.001
+    for part in (0, 1):
+        tails = random_kv((4, 3, 2, 16, 128), gen).to(torch.bfloat16)        # [n, layers, H, P, D]
+        write_page_layers(storage, f, part, ids, tails.transpose(2, 3), static, backend=backend)
+        for layer in range(3):
+            write_pages_reference(expect, f, layer, part, ids, tails[:, layer].transpose(1, 2), static[layer, part])
+    assert torch.equal(storage, expect)
 
 
 def test_static_scale_required():

@@ -19,7 +19,7 @@ import torch
 
 from kvwire.kv_cache import SequenceKV
 from kvwire.runner import Segment
-from kvwire.sampling import Sampler, SamplingParams
+from kvwire.sampling import Sampler, SamplingParams, sample_rows
 from kvwire.worker_config import WorkerConfig, build_engine
 from transfer import make_transport
 from transfer.base import PeerError, TransferError
@@ -305,8 +305,7 @@ class DecodeWorker:
                         self._finish(r, f"error: {type(exc).__name__}: {exc}")
                     self._notify()
                     continue
-                for r, row in zip(batch, logits.cpu()):   # one device sync per step, not one per request
-                    token = r.sampler(row)
+                for r, token in zip(batch, sample_rows([r.sampler for r in batch], logits)):
                     r.generated += 1
                     r.last_token = token
                     r.out.put(token)

@@ -87,7 +87,7 @@ class DecodeGraphs:
     """``ModelRunner.decode_steps``: runs each decode step in its bucket, from a graph if ``capture``.
 
     A step larger than the largest bucket runs eagerly at its own size. A bucket whose capture
-    fails (logged once) runs eagerly in its fixed shape from then on: the warm-up has run the
+    fails (a warning says why) runs eagerly in its fixed shape from then on: the warm-up has run the
     step, and running it again writes the same bytes.
     """
 

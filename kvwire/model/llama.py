@@ -63,6 +63,39 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return weight * h.to(x.dtype)
 
 
+def add_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual add (if any) and the RMSNorm after it: (h + delta, RMSNorm(h + delta)), in torch."""
+    if delta is not None:
+        h = h + delta
+    return h, _rms_norm(h, weight, eps)
+
+
+def rope_split(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int,
+                head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The fused QKV projection split into q, k, v [N, heads, D], RoPE (rotate_half) on q and k, in
+    torch; cos/sin [N, D] in the activation dtype."""
+    n = qkv.shape[0]
+    q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    q = q.view(n, num_heads, head_dim)
+    k = k.view(n, num_kv_heads, head_dim)
+    q = q * cos + _rotate_half(q) * sin
+    k = k * cos + _rotate_half(k) * sin
+    return q, k, v.reshape(n, num_kv_heads, head_dim).contiguous()
+
+
+def block_ops(h: torch.Tensor, head_dim: int):
+    """(add + RMSNorm, QKV split + RoPE) for activations ``h``: one fused kernel each on CUDA
+    (``kvwire.kernels.model_ops``, the same numerics), the torch ops elsewhere (and RoPE in torch
+    for a head_dim that is not a power of two)."""
+    if h.is_cuda:
+        from kvwire.kernels import model_ops
+        if model_ops.fused_ops_for(h):
+            return model_ops.add_rms_norm, (model_ops.rope_split if head_dim & (head_dim - 1) == 0 else rope_split)
+    return add_rms_norm, rope_split
+
+
 def _weight(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.nn.Parameter:
     return torch.nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
 
@@ -216,22 +249,21 @@ class LlamaModel(torch.nn.Module):
         n = input_ids.shape[0]
         h = F.embedding(input_ids, self.embed_tokens)
         cos, sin = self._rope(positions)
-        cos, sin = cos.to(h.dtype)[:, None, :], sin.to(h.dtype)[:, None, :]
+        cos, sin = cos.to(h.dtype), sin.to(h.dtype)
+        add_norm, split_rope = block_ops(h, c.head_dim)
+        mlp_out = None        # each layer's MLP output joins the residual in the next norm (one fused op)
         for index, layer in enumerate(self.layers):
-            x = _rms_norm(h, layer.input_layernorm, c.rms_norm_eps)
-            q, k, v = F.linear(x, layer.qkv_proj).split([c.q_size, c.kv_size, c.kv_size], dim=-1)
-            q = q.view(n, c.num_heads, c.head_dim)
-            k = k.view(n, c.num_kv_heads, c.head_dim)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
-            out = attn(index, q, k, v.reshape(n, c.num_kv_heads, c.head_dim).contiguous())
-            h = h + F.linear(out.reshape(n, c.q_size), layer.o_proj)
-            x = _rms_norm(h, layer.post_attention_layernorm, c.rms_norm_eps)
+            h, x = add_norm(h, mlp_out, layer.input_layernorm, c.rms_norm_eps)
+            q, k, v = split_rope(F.linear(x, layer.qkv_proj), cos, sin, c.num_heads, c.num_kv_heads, c.head_dim)
+            out = attn(index, q, k, v)
+            h, x = add_norm(h, F.linear(out.reshape(n, c.q_size), layer.o_proj), layer.post_attention_layernorm,
+                            c.rms_norm_eps)
             gate, up = F.linear(x, layer.gate_up_proj).chunk(2, dim=-1)
-            h = h + F.linear(F.silu(gate) * up, layer.down_proj)
+            mlp_out = F.linear(F.silu(gate) * up, layer.down_proj)
         if logits_indices is not None:
             h = h[logits_indices]
-        h = _rms_norm(h, self.norm, c.rms_norm_eps)
+            mlp_out = None if mlp_out is None else mlp_out[logits_indices]
+        _, h = add_norm(h, mlp_out, self.norm, c.rms_norm_eps)
         head = self.embed_tokens if self.lm_head is None else self.lm_head
         return F.linear(h, head).float()
 

@@ -17,7 +17,7 @@ from kvwire.formats import Granularity, KVFormat, PageFormat
 from kvwire.kv_cache import KVCache, SequenceKV
 from kvwire.page_pool import page_chain_hashes
 from kvwire.runner import ModelRunner, Segment
-from kvwire.sampling import Sampler, SamplingParams
+from kvwire.sampling import Sampler, SamplingParams, sample_rows
 
 DEFAULT_KV_BUDGET_BYTES = 4 << 30
 
@@ -158,7 +158,7 @@ class Engine:
             summary.prefix_pages_reused = seq.prefix_pages_reused
             summary.pages_written = len(seq.pages) - seq.prefix_pages_reused
             while True:
-                token = sampler(logits)
+                token = sample_rows([sampler], logits[None])[0]      # greedy: argmax on the device
                 if summary.completion_tokens == 0:
                     summary.ttft_s = time.perf_counter() - start
                 ids.append(token)

@@ -8,13 +8,11 @@ import torch
 from kvwire.decode_graphs import DecodeGraphs, batch_bucket, width_bucket
 from kvwire.engine import Engine, EngineConfig
 from kvwire.kv_cache import SequenceKV
-from kvwire.model.config import ModelConfig
 from kvwire.model.llama import LlamaModel
 from kvwire.runner import Segment
 
-TINY = ModelConfig(name="tiny", vocab_size=97, hidden_size=64, intermediate_size=128, num_layers=2,
-                   num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=10000.0, rope_scaling=None,
-                   rms_norm_eps=1e-5, max_context=512, tie_embeddings=True, bos_token_id=None)
+from .test_runner_batch import TINY
+
 PAGE = 8
 
 

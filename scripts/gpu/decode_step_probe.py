@@ -29,8 +29,9 @@ from kvwire.model.registry import load_model
 from kvwire.runner import Segment
 
 
-def per_sequence_appends(segments, page_size):
-    """No decode-step path: the general path for every sequence (the behaviour before it)."""
+def per_sequence_appends(*_args):
+    """Stands in for ``DecodeBatch.of``: no decode-step path, so every sequence takes the general
+    path (the behaviour before it)."""
     return None
 
 

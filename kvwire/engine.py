@@ -33,7 +33,7 @@ class EngineConfig:
     chunk_size: int = 512          # prefill tokens per forward; a multiple of page_size
     num_pages: int | None = None   # default: two full contexts, within DEFAULT_KV_BUDGET_BYTES
     max_sequences: int = 8
-    cuda_graphs: bool = False      # decode steps replayed from CUDA graphs (kvwire.decode_graphs); GPU only
+    cuda_graphs: bool = True       # decode steps replayed from CUDA graphs (kvwire.decode_graphs); GPU only
 
     def __post_init__(self) -> None:
         KVFormat.parse(self.kv_format)

@@ -20,7 +20,7 @@ class WorkerConfig:
     chunk_size: int = 512
     num_pages: int | None = None
     max_batch: int = 32                # decode: sequences decoded together at most
-    cuda_graphs: bool = False          # decode steps from CUDA graphs (on a GPU; no effect on the CPU)
+    cuda_graphs: bool = True           # decode steps from CUDA graphs (on a GPU; no effect on the CPU)
     transport: str = "nixl"            # or "inprocess" (single-process runs and tests)
     transfer_deadline_s: float = 30.0
     hold_timeout_s: float = 120.0      # prefill: free a manifest's pages if no decode notice by then

@@ -24,7 +24,7 @@ not silently fall back to a default). Example (TOML)::
     page_size = 16
     num_pages = 4096           # per worker; omit for the engine's default
     max_batch = 32             # decode: sequences decoded together at most
-    cuda_graphs = false        # decode steps replayed from CUDA graphs (GPU workers; not yet run on a GPU)
+    cuda_graphs = true         # decode steps replayed from CUDA graphs (GPU workers; no effect on the CPU)
     transport = "nixl"         # or inprocess (tests)
     prefill_resource = "kvwire_prefill"   # optional: custom Ray resources that pin each role
     decode_resource = "kvwire_decode"     # to the nodes that declare them
@@ -62,7 +62,7 @@ class PoolConfig:
     chunk_size: int = 512
     num_pages: int | None = None
     max_batch: int = 32
-    cuda_graphs: bool = False
+    cuda_graphs: bool = True
     transport: str = "nixl"
     prefill_resource: str | None = None   # a custom Ray resource each prefill worker takes one unit of
     decode_resource: str | None = None    # (pins the roles to node groups, e.g. KubeRay worker groups)

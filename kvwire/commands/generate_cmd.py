@@ -30,8 +30,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--page-size", type=int, default=16, help="tokens per KV page (default 16)")
     p.add_argument("--chunk-size", type=int, default=512, help="prefill tokens per forward pass (default 512)")
-    p.add_argument("--cuda-graphs", action="store_true", help="decode steps replayed from CUDA graphs (on a GPU; "
-                   "ignored on the CPU; experimental: not yet run on a GPU)")
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
+                   help="decode steps replayed from CUDA graphs (on a GPU, default on; ignored on the CPU)")
     p.add_argument("--router", metavar="HOST:PORT", help="send the prompt to a running `kvwire serve` instead of "
                    "running the model here (the model flags are then ignored)")
     p.add_argument("--pool", default="", help="with --router: the pool to use (default: by --kv-format, or the "

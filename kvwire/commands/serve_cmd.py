@@ -31,9 +31,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kv-format", help="KV format of the default pool when no --config (default bf16)")
     p.add_argument("--device", help="worker device when no --config: auto, cpu or cuda (default auto)")
     p.add_argument("--num-pages", type=int, help="KV pages per worker when no --config (default: engine's)")
-    p.add_argument("--cuda-graphs", action="store_true",
-                   help="decode steps replayed from CUDA graphs, when no --config (GPU workers only; "
-                        "experimental: not yet run on a GPU)")
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="GPU decode steps replayed from CUDA graphs, when no --config (default on; "
+                        "--no-cuda-graphs runs every step eagerly)")
     p.set_defaults(run=run)
 
 
@@ -42,7 +42,7 @@ def build_config(args: argparse.Namespace):
 
     try:
         if args.config:
-            if args.kv_format or args.device or args.num_pages or args.cuda_graphs:
+            if args.kv_format or args.device or args.num_pages or args.cuda_graphs is not None:
                 raise UsageError("--kv-format/--device/--num-pages/--cuda-graphs describe the default pool; "
                                  "with --config, set them per pool in the file")
             config = load_config(args.config)
@@ -50,7 +50,7 @@ def build_config(args: argparse.Namespace):
             fmt = args.kv_format or "bf16"
             config = ServeConfig(pools=(PoolConfig(f"smollm2-{fmt.replace('/', '-')}", kv_format=fmt,
                                                    device=args.device or "auto", num_pages=args.num_pages,
-                                                   cuda_graphs=args.cuda_graphs),))
+                                                   cuda_graphs=args.cuda_graphs is not False),))
         overrides = {k: v for k, v in (("host", args.host), ("port", args.port),
                                         ("metrics_port", args.metrics_port)) if v is not None}
         if overrides:

@@ -307,6 +307,8 @@ def paged_decode_attention(q: torch.Tensor, storage: torch.Tensor, page_format: 
     g = hq // h
     block_g = max(16, pow2(g))
     block_d = pow2(d)
+    if ElementType.NVFP4 in (f.kv.key.element, f.kv.value.element):
+        block_d = max(block_d, 32)     # NVFP4 half tiles are BLOCK_D/2 wide, and tl.dot needs K >= 16
     static = static_arg(f, static_scales, dev)
     kf, vf = f.kv.key, f.kv.value
     kd = part_offsets(f, layer, 0)

@@ -79,7 +79,8 @@ def test_decode_formats(name, backend):
 
 
 @pytest.mark.parametrize("name,gqa,head_dim", [("fp8-token/nvfp4", 1, 128), ("fp8-token/nvfp4", 8, 128),
-                                               ("nvfp4", 8, 64), ("fp8-token", 3, 64), ("bf16", 4, 64)])
+                                               ("nvfp4", 8, 64), ("fp8-token", 3, 64), ("bf16", 4, 64),
+                                               ("nvfp4", 2, 16), ("fp8-token/nvfp4", 4, 16)])
 def test_decode_gqa_and_head_dim(name, gqa, head_dim):
     check_decode(decode_problem(DEV, name, gqa=gqa, head_dim=head_dim, heads=4), 1e-2, backend="triton")
 

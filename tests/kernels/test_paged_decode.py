@@ -44,6 +44,12 @@ def test_head_dim_128_bf16_q_and_splits():
     check_decode(args, 1e-2, num_splits=3, block_n=32)        # 3 splits: some short, one empty for row 1
 
 
+@pytest.mark.parametrize("name", ["nvfp4", "fp8-token/nvfp4", "nvfp4/bf16"])
+def test_small_heads_with_nvfp4(name):
+    # head_dim 16: the NVFP4 half tiles are padded to 16 columns (tl.dot's least K on the GPU)
+    check_decode(build(name, head_dim=16, gqa=2), 1e-4)
+
+
 def test_odd_contexts_partial_tail_many_splits():
     args = build("fp8-page/fp8-token", page_size=8, num_pages=(9, 1, 4, 2), tail_len=(3, 8, 1, 5))
     check_decode(args, 1e-4, num_splits=5, block_n=16)        # tiles straddle pages (P=8 < 16)

@@ -10,11 +10,12 @@ BENCHES = {
     "transfer": "transfer.bench_requests",
     "chunk": "kvwire.bench.chunk",
     "serve": "kvwire.bench.serve",
+    "decode-step": "kvwire.bench.decode_step",
 }
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="benchmarks: attention, quantize, chunk (GPU), transfer, serve",
+    p = sub.add_parser("bench", help="benchmarks: attention, quantize, chunk (GPU), transfer, serve, decode-step",
                        description="Benchmarks that write JSON (--out) and print a table. Ratios are "
                                    "measured in one run against the baseline each benchmark names.")
     bsub = p.add_subparsers(dest="bench", metavar="BENCH", required=True)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device run: GPU tests (kernels, runner), the CUDA-vs-CPU reference check, benches; in full mode
-# also the decode-step probe (CUDA graphs vs eager). Results under $OUT.
+# also `kvwire bench decode-step` (CUDA graphs vs eager). Results under $OUT.
 # Usage: bash scripts/gpu/run_all.sh [quick|full] [sweep]
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -17,5 +17,5 @@ if [ "$MODE" = "full" ]; then Q=""; else Q="--quick"; fi
 python3 -m kvwire.bench.quantize $Q --out "$OUT/quantize.json" 2>&1 | tee "$OUT/quantize.log"
 python3 -m kvwire.bench.attention $Q --out "$OUT/attention.json" 2>&1 | tee "$OUT/attention.log"
 if [ "$MODE" = "full" ]; then
-  python3 scripts/gpu/decode_step_probe.py --out "$OUT/decode_step.json" 2>&1 | tee "$OUT/decode_step.log"
+  python3 -m kvwire.bench.decode_step --out "$OUT/decode_step.json" 2>&1 | tee "$OUT/decode_step.log"
 fi

@@ -1,0 +1,34 @@
+"""`kvwire bench decode-step` on the CPU: the eager path of each format runs through the CLI and
+writes its JSON; a GPU table shows the graphs column; bad sizes are refused."""
+import json
+
+import pytest
+
+from kvwire.bench.decode_step import format_table
+from kvwire.cli import main
+from kvwire.errors import UsageError
+
+
+def test_cpu_run_writes_json(tmp_path, capsys):
+    out = tmp_path / "step.json"
+    rc = main(["bench", "decode-step", "--device", "cpu", "--formats", "bf16,fp8-token/nvfp4", "--batch", "2",
+               "--context", "48", "--steps", "2", "--out", str(out)])
+    assert rc == 0
+    result = json.loads(out.read_text())
+    assert result["device"] == "cpu" and [r["format"] for r in result["rows"]] == ["bf16", "fp8-token/nvfp4"]
+    assert all(r["eager_ms"] > 0 and "graphs_ms" not in r for r in result["rows"])
+    assert "| fp8-token/nvfp4 |" in capsys.readouterr().out
+
+
+def test_table_with_graphs():
+    result = {"device": "NVIDIA H200", "model_shape": "smollm2-135m", "batch": 16, "context": 2048, "steps": 20,
+              "rows": [{"format": "nvfp4", "eager_ms": 30.75, "graphs_ms": 3.32, "graphs_speedup": 30.75 / 3.32}]}
+    assert "| nvfp4 | 30.75 | 3.32 | 9.3x |" in format_table(result)
+
+
+def test_context_too_short_is_refused():
+    from argparse import Namespace
+
+    from kvwire.bench.decode_step import run
+    with pytest.raises(UsageError, match="too short"):
+        run(Namespace(model_shape="smollm2-135m", formats="bf16", batch=16, context=20, steps=20, device="cpu"))

@@ -23,6 +23,7 @@ against the plain forward, and a fallback where capture is unavailable.
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
@@ -74,7 +75,9 @@ class StaticDecodeStep:
             self.forward()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
+        # thread_local: a decode worker's admission threads copy scales and receive pages on other
+        # streams meanwhile; in the default (global) mode their CUDA calls would invalidate the capture
+        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
             logits = self.forward()
         self.graph, self.logits = graph, logits
 
@@ -112,7 +115,10 @@ class DecodeGraphs:
         step.load(batch)
         if self.capture and fresh:
             try:
+                t0 = time.perf_counter()
                 step.capture(self.pool)
+                log.info("decode step bucket %s (sequences, page-table width): CUDA graph captured in %.0f ms",
+                         key, 1e3 * (time.perf_counter() - t0))
             except RuntimeError as exc:
                 log.warning("decode step %s: CUDA graph capture failed, running it eagerly: %s", key, exc)
         if step.graph is None:

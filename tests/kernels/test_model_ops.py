@@ -4,6 +4,8 @@ The kernels round bf16 by integer ops (as on the GPU), so RoPE is exact; the nor
 reduction order of its mean."""
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from kvwire.kernels._common import interpreting
 from kvwire.kernels import model_ops
@@ -53,6 +55,40 @@ def test_rope_split(dtype, heads, kv_heads, head_dim):
                          rope_split_reference(qkv, cos, sin, heads, kv_heads, head_dim)):
         assert got.is_contiguous() and got.shape == want.shape
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_non_finite_values_pass_through_like_torch():
+    # the integer rounding must keep NaN a NaN and round past the bf16 maximum to inf, as a cast does
+    gen = torch.Generator().manual_seed(11)
+    qkv = rand((3, 4 * 16), gen, torch.bfloat16, 2.0)
+    qkv[0, 1], qkv[1, 17], qkv[2, 5] = float("nan"), float("inf"), 3.3e38
+    angles = torch.rand((3, 8), generator=gen) * 10
+    emb = torch.cat((angles, angles), dim=-1)
+    cos, sin = emb.cos().to(torch.bfloat16), emb.sin().to(torch.bfloat16)
+    cos[2, 5] = 1.5                                              # 3.3e38 * 1.5 rounds past the bf16 maximum
+    for got, want in zip(rope_split(qkv, cos, sin, 2, 1, 16), rope_split_reference(qkv, cos, sin, 2, 1, 16)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    assert rope_split(qkv, cos, sin, 2, 1, 16)[0][2, 0, 5].isinf()
+
+
+@triton.jit
+def _rounded_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    o = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + o, mask=o < n)
+    tl.store(y_ptr + o, model_ops._rounded(x, tl.bfloat16), mask=o < n)
+
+
+def test_rounding_to_bf16_is_the_cast():
+    # the GPU's canonical NaN (all mantissa bits set) would carry into the sign without the NaN guard
+    gen = torch.Generator().manual_seed(12)
+    x = torch.cat([torch.randn(200, generator=gen) * 10 ** torch.randint(-30, 30, (200,), generator=gen),
+                   torch.tensor([float("inf"), -float("inf"), 3.4e38, -3.4e38, 1.0 + 2 ** -8, 1.0 + 3 * 2 ** -8,
+                                 -0.0, 1e-40])])
+    bits = torch.cat([x.view(torch.int32), torch.tensor([0x7FFFFFFF, -1, 0x7F800001], dtype=torch.int32)])
+    x = bits.view(torch.float32)
+    y = torch.full_like(x, 7.0)
+    _rounded_kernel[(1,)](x, y, x.numel(), BLOCK=256)
+    torch.testing.assert_close(y, x.to(torch.bfloat16).float(), rtol=0, atol=0, equal_nan=True)
 
 
 def test_bad_shapes_are_refused():

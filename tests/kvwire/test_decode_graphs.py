@@ -2,6 +2,8 @@
 width, they must give the plain forward's logits and leave the same pages and tails, and touch
 nothing else: not an idle sequence's tail, not a page outside the step. On the CPU the fixed-shape
 step runs eagerly (what a graph would replay); on CUDA it is captured and replayed."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -14,12 +16,16 @@ from kvwire.runner import Segment
 from .test_runner_batch import TINY
 
 PAGE = 8
+# head_dim 64 and pages of 16: the shapes the CUDA decode kernel takes (the TINY ones go to Triton)
+SHAPES = {"triton": (TINY, PAGE), "cuda": (dataclasses.replace(TINY, name="tiny-d64", head_dim=64), 16)}
 
 
-def run(device: str, fmt: str, graphs: str | None, steps: int = 11):
-    model = LlamaModel(TINY, dtype=torch.float32, device=device)
+def run(device: str, fmt: str, graphs: str | None, steps: int = 11, shape: str = "triton"):
+    config, page = SHAPES[shape]
+    layers = range(config.num_layers)
+    model = LlamaModel(config, dtype=torch.float32, device=device)
     model.init_random(seed=1)
-    engine = Engine(model, EngineConfig(kv_format=fmt, page_size=PAGE, chunk_size=16),
+    engine = Engine(model, EngineConfig(kv_format=fmt, page_size=page, chunk_size=16),
                     calibration_ids=list(range(1, 60)))
     engine.kv.pool.storage.random_(0, 256, generator=torch.Generator(device).manual_seed(5))
     engine.kv.tails.data.normal_(generator=torch.Generator(device).manual_seed(6))
@@ -31,17 +37,17 @@ def run(device: str, fmt: str, graphs: str | None, steps: int = 11):
         engine.prefill(seq, torch.randint(1, 97, (n,), generator=g).tolist())
     idle, active = seqs[3], seqs[:3]                          # 3 rows: padded to a bucket of 4
     idle_tail = engine.kv.tails.data[idle.tail_slot].clone()
-    idle_pages = torch.stack([engine.kv.read_pages(layer, part, idle.pages) for layer in range(2) for part in (0, 1)])
+    idle_pages = torch.stack([engine.kv.read_pages(layer, part, idle.pages) for layer in layers for part in (0, 1)])
     logits = []
     for _ in range(steps):
         toks = torch.randint(1, 97, (len(active),), generator=g).tolist()
         logits.append(engine.runner.forward([Segment(s, [t], None) for s, t in zip(active, toks)]).float().cpu())
     kv = engine.kv
-    stored = [(torch.stack([kv.read_pages(layer, part, s.pages) for layer in range(2) for part in (0, 1)]).cpu(),
-               kv.tails.data[s.tail_slot].float().cpu()[..., :s.tail_len(PAGE), :]) for s in active]
+    stored = [(torch.stack([kv.read_pages(layer, part, s.pages) for layer in layers for part in (0, 1)]).cpu(),
+               kv.tails.data[s.tail_slot].float().cpu()[..., :s.tail_len(page), :]) for s in active]
     assert torch.equal(kv.tails.data[idle.tail_slot], idle_tail), "a padded step wrote into an idle tail"
     assert torch.equal(idle_pages, torch.stack([kv.read_pages(layer, part, idle.pages)
-                                                for layer in range(2) for part in (0, 1)]))
+                                                for layer in layers for part in (0, 1)]))
     used = kv.pool.counters().used
     for s in seqs:
         engine.runner.release(s)
@@ -49,9 +55,9 @@ def run(device: str, fmt: str, graphs: str | None, steps: int = 11):
     return torch.stack(logits), stored, used, engine.runner.decode_steps
 
 
-def fixed_against_plain(device: str, fmt: str, mode: str, tol: float) -> dict:
+def fixed_against_plain(device: str, fmt: str, mode: str, tol: float, shape: str = "triton") -> dict:
     """Run the same steps plainly and in fixed shapes; return the fixed run's steps by bucket."""
-    (la, sa, ua, _), (lb, sb, ub, fixed) = run(device, fmt, None), run(device, fmt, mode)
+    (la, sa, ua, _), (lb, sb, ub, fixed) = run(device, fmt, None, shape=shape), run(device, fmt, mode, shape=shape)
     torch.testing.assert_close(lb, la, rtol=tol, atol=tol)
     assert ub == ua
     for (pa, ta), (pb, tb) in zip(sa, sb):
@@ -64,6 +70,11 @@ def fixed_against_plain(device: str, fmt: str, mode: str, tol: float) -> dict:
 def test_fixed_shape_decode_steps_equal_the_plain_forward(fmt):
     steps = fixed_against_plain("cpu", fmt, "eager", 1e-5)
     assert set(steps) == {(4, 16)} and all(s.graph is None for s in steps.values())
+
+
+def test_fixed_shape_steps_in_the_cuda_kernels_shape():
+    steps = fixed_against_plain("cpu", "fp8-token/nvfp4", "eager", 1e-5, shape="cuda")
+    assert set(steps) == {(4, 16)}
 
 
 def test_buckets():
@@ -89,6 +100,7 @@ def test_capture_needs_cuda():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("fmt", ["bf16", "nvfp4", "fp8-token/nvfp4"])
-def test_captured_decode_steps_equal_eager_ones(fmt):
-    steps = fixed_against_plain("cuda", fmt, "captured", 2e-3)
+@pytest.mark.parametrize("shape", ["triton", "cuda"])
+def test_captured_decode_steps_equal_eager_ones(fmt, shape):
+    steps = fixed_against_plain("cuda", fmt, "captured", 2e-3, shape=shape)
     assert steps and all(s.graph is not None for s in steps.values())

@@ -49,14 +49,14 @@ def _step_times(engine, seqs: list, steps: int) -> list[float]:
 
 
 def run(args) -> dict:
+    from kvwire.commands.model_args import resolve_device
     from kvwire.decode_graphs import DecodeGraphs
     from kvwire.engine import Engine, EngineConfig
     from kvwire.errors import UsageError
     from kvwire.kv_cache import SequenceKV
     from kvwire.model.registry import load_model
 
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if args.device == "auto" else args.device))
+    device = resolve_device(args.device)
     if args.batch < 1 or args.steps < 1:
         raise UsageError("--batch and --steps must be at least 1")
     warmup = 3
@@ -68,7 +68,7 @@ def run(args) -> dict:
     rows = []
     for fmt in args.formats.split(","):
         engine = Engine(model, EngineConfig(kv_format=fmt, max_sequences=args.batch, cuda_graphs=False,
-                                            num_pages=args.batch * (args.context // 16 + 4)),
+                                            num_pages=args.batch * (args.context // EngineConfig.page_size + 4)),
                         calibration_ids=list(range(100, 400)))
         gen = torch.Generator().manual_seed(0)
         seqs = []

@@ -17,6 +17,13 @@ the graph. A bucket is captured on first use, with that step's real inputs in it
 warm-up runs and the capture's own replay write the same K/V to the same tail positions, so
 capturing changes nothing a plain step would not.
 
+Memory: the graphs share one memory pool, and each graph copies its logits into one output
+buffer shared by all (sized for the largest bucket the tail pool allows) instead of keeping its
+own. A graph's intermediates are free once it ends, so the next capture reuses them; what every
+extra bucket keeps is its few input buffers. Without the shared output, each of the up to 14 x
+(widths) buckets would hold its own [rows, vocab] fp32 logits (about 1 GB at 8k context for
+SmolLM2's vocabulary).
+
 ``capture=False`` runs the same padded, fixed-shape step eagerly: what the tests check on the CPU
 against the plain forward, and a fallback where capture is unavailable.
 """
@@ -58,7 +65,7 @@ class StaticDecodeStep:
             runner.kv.device)
         self.indices = torch.arange(rows, device=runner.kv.device)
         self.graph: torch.cuda.CUDAGraph | None = None
-        self.logits: torch.Tensor | None = None
+        self.logits: torch.Tensor | None = None        # the shared output's first ``rows`` rows once captured
 
     def load(self, batch: DecodeBatch) -> None:
         batch.padded(self.rows).tensors(self.width).copy_into(self.inputs)
@@ -67,8 +74,9 @@ class StaticDecodeStep:
         t: DecodeTensors = self.inputs
         return self.runner.model(t.ids, t.pos, decode_attention(self.runner.kv, t), logits_indices=self.indices)
 
-    def capture(self, pool) -> None:
-        """Warm up on a side stream (compiles kernels, builds the model's caches), then capture."""
+    def capture(self, pool, out: torch.Tensor) -> None:
+        """Warm up on a side stream (compiles kernels, builds the model's caches), then capture the
+        step with its logits copied into ``out`` (the output shared by every bucket)."""
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -78,8 +86,8 @@ class StaticDecodeStep:
         # thread_local: a decode worker's admission threads copy scales and receive pages on other
         # streams meanwhile; in the default (global) mode their CUDA calls would invalidate the capture
         with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-            logits = self.forward()
-        self.graph, self.logits = graph, logits
+            out[:self.rows].copy_(self.forward())
+        self.graph, self.logits = graph, out[:self.rows]
 
     def replay(self) -> torch.Tensor:
         self.graph.replay()
@@ -100,9 +108,18 @@ class DecodeGraphs:
         self.runner, self.capture = runner, capture
         self.steps: dict[tuple[int, int], StaticDecodeStep] = {}
         self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.out: torch.Tensor | None = None      # logits of every captured bucket (one step at a time)
+
+    def _output(self) -> torch.Tensor:
+        """The shared logits buffer: rows for the largest bucket the tail pool can fill."""
+        if self.out is None:
+            kv, model = self.runner.kv, self.runner.model
+            rows = batch_bucket(min(kv.tails.data.shape[0], BATCH_BUCKETS[-1]))
+            self.out = torch.empty((rows, model.config.vocab_size), dtype=torch.float32, device=kv.device)
+        return self.out
 
     def __call__(self, batch: DecodeBatch) -> torch.Tensor:
-        """Float32 logits [len(batch), vocab] of the step (a copy: the graphs share one memory pool)."""
+        """Float32 logits [len(batch), vocab] of the step (a copy: the graphs share one output buffer)."""
         if len(batch) > BATCH_BUCKETS[-1]:
             t = batch.tensors().to(self.runner.kv.device)
             rows = torch.arange(len(batch), device=self.runner.kv.device)
@@ -116,7 +133,7 @@ class DecodeGraphs:
         if self.capture and fresh:
             try:
                 t0 = time.perf_counter()
-                step.capture(self.pool)
+                step.capture(self.pool, self._output())
                 log.info("decode step bucket %s (sequences, page-table width): CUDA graph captured in %.0f ms",
                          key, 1e3 * (time.perf_counter() - t0))
             except RuntimeError as exc:

@@ -20,7 +20,10 @@ PAGE = 8
 SHAPES = {"triton": (TINY, PAGE), "cuda": (dataclasses.replace(TINY, name="tiny-d64", head_dim=64), 16)}
 
 
-def run(device: str, fmt: str, graphs: str | None, steps: int = 11, shape: str = "triton"):
+def run(device: str, fmt: str, graphs: str | None, steps: int = 11, shape: str = "triton", alternate: bool = False):
+    """``steps`` decode steps of three sequences (with ``alternate``, every other step of one only:
+    two buckets, replayed in turn) next to an idle one; returns each step's logits, the active
+    sequences' pages and tails, the pages used and the runner's decode steps."""
     config, page = SHAPES[shape]
     layers = range(config.num_layers)
     model = LlamaModel(config, dtype=torch.float32, device=device)
@@ -39,9 +42,10 @@ def run(device: str, fmt: str, graphs: str | None, steps: int = 11, shape: str =
     idle_tail = engine.kv.tails.data[idle.tail_slot].clone()
     idle_pages = torch.stack([engine.kv.read_pages(layer, part, idle.pages) for layer in layers for part in (0, 1)])
     logits = []
-    for _ in range(steps):
-        toks = torch.randint(1, 97, (len(active),), generator=g).tolist()
-        logits.append(engine.runner.forward([Segment(s, [t], None) for s, t in zip(active, toks)]).float().cpu())
+    for i in range(steps):
+        rows = active[:1] if alternate and i % 2 else active
+        toks = torch.randint(1, 97, (len(rows),), generator=g).tolist()
+        logits.append(engine.runner.forward([Segment(s, [t], None) for s, t in zip(rows, toks)]).float().cpu())
     kv = engine.kv
     stored = [(torch.stack([kv.read_pages(layer, part, s.pages) for layer in layers for part in (0, 1)]).cpu(),
                kv.tails.data[s.tail_slot].float().cpu()[..., :s.tail_len(page), :]) for s in active]
@@ -52,13 +56,17 @@ def run(device: str, fmt: str, graphs: str | None, steps: int = 11, shape: str =
     for s in seqs:
         engine.runner.release(s)
     assert kv.pool.counters().used == 0
-    return torch.stack(logits), stored, used, engine.runner.decode_steps
+    return logits, stored, used, engine.runner.decode_steps
 
 
-def fixed_against_plain(device: str, fmt: str, mode: str, tol: float, shape: str = "triton") -> dict:
+def fixed_against_plain(device: str, fmt: str, mode: str, tol: float, shape: str = "triton",
+                        alternate: bool = False) -> dict:
     """Run the same steps plainly and in fixed shapes; return the fixed run's steps by bucket."""
-    (la, sa, ua, _), (lb, sb, ub, fixed) = run(device, fmt, None, shape=shape), run(device, fmt, mode, shape=shape)
-    torch.testing.assert_close(lb, la, rtol=tol, atol=tol)
+    (la, sa, ua, _), (lb, sb, ub, fixed) = (run(device, fmt, None, shape=shape, alternate=alternate),
+                                            run(device, fmt, mode, shape=shape, alternate=alternate))
+    assert len(lb) == len(la)
+    for step_b, step_a in zip(lb, la):
+        torch.testing.assert_close(step_b, step_a, rtol=tol, atol=tol)
     assert ub == ua
     for (pa, ta), (pb, tb) in zip(sa, sb):
         assert_close_but_rare_roundings(pb, pa, tol, "pages")
@@ -84,6 +92,11 @@ def test_fixed_shape_decode_steps_equal_the_plain_forward(fmt):
 def test_fixed_shape_steps_in_the_cuda_kernels_shape():
     steps = fixed_against_plain("cpu", "fp8-token/nvfp4", "eager", 1e-5, shape="cuda")
     assert set(steps) == {(4, 16)}
+
+
+def test_two_buckets_in_turn():
+    steps = fixed_against_plain("cpu", "fp8-token/nvfp4", "eager", 1e-5, alternate=True)
+    assert set(steps) == {(4, 16), (1, 16)}
 
 
 def test_buckets():
@@ -113,3 +126,14 @@ def test_capture_needs_cuda():
 def test_captured_decode_steps_equal_eager_ones(fmt, shape):
     steps = fixed_against_plain("cuda", fmt, "captured", 2e-3, shape=shape)
     assert steps and all(s.graph is not None for s in steps.values())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_captured_buckets_in_turn_share_one_output():
+    """Two graphs replayed in turn write their logits into the one shared buffer: each step must
+    still return its own logits (a stale or overwritten output would not match the plain run)."""
+    steps = fixed_against_plain("cuda", "fp8-token/nvfp4", "captured", 2e-3, shape="cuda", alternate=True)
+    assert set(steps) == {(4, 16), (1, 16)} and all(s.graph is not None for s in steps.values())
+    a, b = (steps[k].logits for k in ((4, 16), (1, 16)))
+    assert a.data_ptr() == b.data_ptr(), "the buckets' logits are not the shared buffer"

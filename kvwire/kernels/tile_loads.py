@@ -16,18 +16,10 @@ import triton.language as tl
 from kvwire.kernels._common import bf16_bits_to_f32, e2m1_value, e4m3_decode
 
 
-@triton.jit
-def _nvfp4_unpack_asm(packed, scale):
-    """4 bytes (8 E2M1 codes) x fp16 block scales -> (even-d, odd-d) fp16 values, each times 2**-6.
-
-    Codes are placed into E4M3 bit fields on whole 32-bit words (4 codes per op), converted by
-    the hardware pair conversion E4M3x2 -> f16x2 and multiplied by the scales in f16x2.
-    """
-    return tl.inline_asm_elementwise(
-        asm="""
-        {
-        .reg .b32 lo, hi, t;
-        .reg .b16 l0, l1, h0, h1;
+# E2M1 codes in the 32-bit word $4 (8 codes, low nibble first) -> E4M3 bytes of value * 2^-6, placed by
+# bit operations on whole words (4 codes per instruction): ``lo`` from the low nibbles, ``hi`` from the
+# high ones. Both NVFP4 unpackers below start with it; they differ in the order they hand values out.
+_E2M1_TO_E4M3_PTX = """
         and.b32 lo, $4, 0x07070707;
         shl.b32 lo, lo, 2;
         and.b32 t, $4, 0x08080808;
@@ -37,6 +29,12 @@ def _nvfp4_unpack_asm(packed, scale):
         shr.b32 hi, hi, 2;
         and.b32 t, $4, 0x80808080;
         or.b32 hi, hi, t;
+"""
+# -> (even d, odd d): the low nibbles' pairs, then the high nibbles', each times its block scale ($5, $6)
+_UNPACK_EVEN_ODD_PTX = tl.constexpr("""
+        {
+        .reg .b32 lo, hi, t;
+        .reg .b16 l0, l1, h0, h1;""" + _E2M1_TO_E4M3_PTX + """
         mov.b32 {l0, l1}, lo;
         mov.b32 {h0, h1}, hi;
         cvt.rn.f16x2.e4m3x2 $0, l0;
@@ -48,7 +46,34 @@ def _nvfp4_unpack_asm(packed, scale):
         mul.rn.f16x2 $2, $2, $5;
         mul.rn.f16x2 $3, $3, $6;
         }
-        """,
+        """)
+# -> natural order (d0..d3, d4..d7): two byte permutes interleave lo and hi, then one block scale ($5)
+_UNPACK_NATURAL_PTX = tl.constexpr("""
+        {
+        .reg .b32 lo, hi, t, a, b;
+        .reg .b16 a0, a1, b0, b1;""" + _E2M1_TO_E4M3_PTX + """
+        prmt.b32 a, lo, hi, 0x5140;
+        prmt.b32 b, lo, hi, 0x7362;
+        mov.b32 {a0, a1}, a;
+        mov.b32 {b0, b1}, b;
+        cvt.rn.f16x2.e4m3x2 $0, a0;
+        cvt.rn.f16x2.e4m3x2 $1, a1;
+        cvt.rn.f16x2.e4m3x2 $2, b0;
+        cvt.rn.f16x2.e4m3x2 $3, b1;
+        mul.rn.f16x2 $0, $0, $5;
+        mul.rn.f16x2 $1, $1, $5;
+        mul.rn.f16x2 $2, $2, $5;
+        mul.rn.f16x2 $3, $3, $5;
+        }
+        """)
+
+
+@triton.jit
+def _nvfp4_unpack_asm(packed, scale):
+    """4 bytes (8 E2M1 codes) x fp16 block scales -> (even-d, odd-d) fp16 values, each times 2**-6:
+    ``_E2M1_TO_E4M3_PTX``, the hardware pair conversion E4M3x2 -> f16x2 and an f16x2 multiply."""
+    return tl.inline_asm_elementwise(
+        asm=_UNPACK_EVEN_ODD_PTX,
         constraints="=r,=r,=r,=r,r,r,r",
         args=[packed, scale],
         dtype=(tl.float16, tl.float16),
@@ -191,41 +216,14 @@ def load_nvfp4_tile_folded(st8, base, row, valid, h, data_off, bs_off, fold, P: 
 @triton.jit
 def _nvfp4_unpack_ab_asm(packed, scale):
     """4 bytes = E2M1 codes of d0..d7 (low nibble first), times an fp16 block scale ->
-    a = (d0, d1, d2, d3), b = (d4, d5, d6, d7) as fp16, each times 2**-6.
+    a = (d0, d1, d2, d3), b = (d4, d5, d6, d7) as fp16, each times 2**-6 (``_UNPACK_NATURAL_PTX``).
 
     Not elementwise in Triton's sense: it relies on each pack of 4 being 4 consecutive bytes
     starting at a multiple of 4 (true for the blocked layouts these loads get; the GPU tests
-    check it). Codes go to E4M3 bit fields on whole words, two byte permutes restore the
-    natural order, the hardware converts E4M3x2 -> f16x2 and an f16x2 multiply scales.
+    check it).
     """
     return tl.inline_asm_elementwise(
-        asm="""
-        {
-        .reg .b32 lo, hi, t, a, b;
-        .reg .b16 a0, a1, b0, b1;
-        shl.b32 lo, $4, 2;
-        and.b32 lo, lo, 0x1C1C1C1C;
-        shl.b32 t, $4, 4;
-        and.b32 t, t, 0x80808080;
-        or.b32 lo, lo, t;
-        shr.b32 hi, $4, 2;
-        and.b32 hi, hi, 0x1C1C1C1C;
-        and.b32 t, $4, 0x80808080;
-        or.b32 hi, hi, t;
-        prmt.b32 a, lo, hi, 0x5140;
-        prmt.b32 b, lo, hi, 0x7362;
-        mov.b32 {a0, a1}, a;
-        mov.b32 {b0, b1}, b;
-        cvt.rn.f16x2.e4m3x2 $0, a0;
-        cvt.rn.f16x2.e4m3x2 $1, a1;
-        cvt.rn.f16x2.e4m3x2 $2, b0;
-        cvt.rn.f16x2.e4m3x2 $3, b1;
-        mul.rn.f16x2 $0, $0, $5;
-        mul.rn.f16x2 $1, $1, $5;
-        mul.rn.f16x2 $2, $2, $5;
-        mul.rn.f16x2 $3, $3, $5;
-        }
-        """,
+        asm=_UNPACK_NATURAL_PTX,
         constraints="=r,=r,=r,=r,r,r,r",
         args=[packed, scale],
         dtype=(tl.float16, tl.float16),

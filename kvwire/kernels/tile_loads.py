@@ -30,42 +30,25 @@ _E2M1_TO_E4M3_PTX = """
         and.b32 t, $4, 0x80808080;
         or.b32 hi, hi, t;
 """
-# -> (even d, odd d): the low nibbles' pairs, then the high nibbles', each times its block scale ($5, $6)
-_UNPACK_EVEN_ODD_PTX = tl.constexpr("""
-        {
-        .reg .b32 lo, hi, t;
-        .reg .b16 l0, l1, h0, h1;""" + _E2M1_TO_E4M3_PTX + """
-        mov.b32 {l0, l1}, lo;
-        mov.b32 {h0, h1}, hi;
-        cvt.rn.f16x2.e4m3x2 $0, l0;
-        cvt.rn.f16x2.e4m3x2 $1, l1;
-        cvt.rn.f16x2.e4m3x2 $2, h0;
-        cvt.rn.f16x2.e4m3x2 $3, h1;
-        mul.rn.f16x2 $0, $0, $5;
-        mul.rn.f16x2 $1, $1, $6;
-        mul.rn.f16x2 $2, $2, $5;
-        mul.rn.f16x2 $3, $3, $6;
-        }
-        """)
-# -> natural order (d0..d3, d4..d7): two byte permutes interleave lo and hi, then one block scale ($5)
-_UNPACK_NATURAL_PTX = tl.constexpr("""
-        {
-        .reg .b32 lo, hi, t, a, b;
-        .reg .b16 a0, a1, b0, b1;""" + _E2M1_TO_E4M3_PTX + """
-        prmt.b32 a, lo, hi, 0x5140;
-        prmt.b32 b, lo, hi, 0x7362;
-        mov.b32 {a0, a1}, a;
-        mov.b32 {b0, b1}, b;
-        cvt.rn.f16x2.e4m3x2 $0, a0;
-        cvt.rn.f16x2.e4m3x2 $1, a1;
-        cvt.rn.f16x2.e4m3x2 $2, b0;
-        cvt.rn.f16x2.e4m3x2 $3, b1;
-        mul.rn.f16x2 $0, $0, $5;
-        mul.rn.f16x2 $1, $1, $5;
-        mul.rn.f16x2 $2, $2, $5;
-        mul.rn.f16x2 $3, $3, $5;
-        }
-        """)
+def _unpack_ptx(regs: str, arrange: str, halves: tuple[str, str, str, str], scales: tuple[str, str]) -> str:
+    """An unpacker's PTX: the placement, ``arrange`` (moves ``lo``/``hi`` into the 16-bit ``halves``),
+    then each half converted E4M3x2 -> f16x2 into $0..$3 and multiplied by its scale register:
+    ``scales[0]`` for $0 and $2, ``scales[1]`` for $1 and $3."""
+    convert = "".join(f"        cvt.rn.f16x2.e4m3x2 ${i}, {h};\n" for i, h in enumerate(halves))
+    scale = "".join(f"        mul.rn.f16x2 ${i}, ${i}, {scales[i % 2]};\n" for i in range(4))
+    return f"{{\n        .reg .b32 {regs};\n        .reg .b16 {', '.join(halves)};{_E2M1_TO_E4M3_PTX}{arrange}{convert}{scale}}}"
+
+
+# -> (even d, odd d): the low nibbles' pairs, then the high nibbles', times block scales $5 / $6
+_UNPACK_EVEN_ODD_PTX = tl.constexpr(_unpack_ptx(
+    "lo, hi, t", "        mov.b32 {l0, l1}, lo;\n        mov.b32 {h0, h1}, hi;\n",
+    ("l0", "l1", "h0", "h1"), ("$5", "$6")))
+# -> natural order (d0..d3, d4..d7): two byte permutes interleave lo and hi; one block scale ($5)
+_UNPACK_NATURAL_PTX = tl.constexpr(_unpack_ptx(
+    "lo, hi, t, a, b",
+    "        prmt.b32 a, lo, hi, 0x5140;\n        prmt.b32 b, lo, hi, 0x7362;\n"
+    "        mov.b32 {a0, a1}, a;\n        mov.b32 {b0, b1}, b;\n",
+    ("a0", "a1", "b0", "b1"), ("$5", "$5")))
 
 
 @triton.jit

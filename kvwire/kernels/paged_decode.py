@@ -42,7 +42,7 @@ from kvwire.kernels._common import (
 )
 from kvwire.kernels import cuda_emulator, paged_decode_cuda
 from kvwire.kernels.paged_decode_packed import _decode_split_packed_kernel, heads_per_program
-from kvwire.kernels.tile_loads import load_kv_tile, load_nvfp4_ab, nvfp4_perm
+from kvwire.kernels.tile_loads import load_kv_tile, load_nvfp4_ab, load_q_operands, nvfp4_perm
 
 LOG2E = 1.4426950408889634
 
@@ -78,23 +78,7 @@ def _decode_split_kernel(
     c = qk_scale
     if K_GRAN == 3:
         c = c * tl.load(static_ptr + (layer * 2 + 0) * H + h)
-    if K_ELEM == 2:
-        hmask = (g < G)[:, None] & (dperm < D)[None, :]
-        qa = tl.load(qrow + dperm[None, :].to(tl.int64) * sq_d, mask=hmask, other=0.0).to(tl.float32)
-        qb = tl.load(qrow + (dperm + 4)[None, :].to(tl.int64) * sq_d, mask=hmask, other=0.0).to(tl.float32)
-        if HW:
-            qa = qa.to(tl.float16)
-            qb = qb.to(tl.float16)
-        qk = qa
-    else:
-        q = tl.load(qrow + d[None, :].to(tl.int64) * sq_d, mask=qmask, other=0.0).to(tl.float32)
-        if HW:
-            if K_ELEM == 0:
-                qk = q.to(tl.bfloat16)
-            else:
-                qk = q.to(tl.float16)
-        else:
-            qk = q
+    qk, qa, qb = load_q_operands(qrow, g < G, sq_d, K_ELEM, D, BLOCK_D, HW)
 
     m_i = tl.full([BLOCK_G], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)

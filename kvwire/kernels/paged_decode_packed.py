@@ -10,7 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kvwire.kernels.tile_loads import load_colscale, load_kv_tile, load_nvfp4_ab, nvfp4_perm
+from kvwire.kernels.tile_loads import load_colscale, load_kv_tile, load_nvfp4_ab, load_q_operands, nvfp4_perm
 
 LOG2E = 1.4426950408889634
 
@@ -61,23 +61,7 @@ def _decode_split_packed_kernel(
         c_rows = qk_scale * tl.load(static_ptr + (layer * 2 + 0) * H + h0 + rh, mask=rvalid, other=1.0)
     else:
         c_rows = tl.full([ROWS], qk_scale, tl.float32)
-    if K_ELEM == 2:
-        hmask = rvalid[:, None] & (dperm < D)[None, :]
-        qa = tl.load(qrow + dperm[None, :].to(tl.int64) * sq_d, mask=hmask, other=0.0).to(tl.float32)
-        qb = tl.load(qrow + (dperm + 4)[None, :].to(tl.int64) * sq_d, mask=hmask, other=0.0).to(tl.float32)
-        if HW:
-            qa = qa.to(tl.float16)
-            qb = qb.to(tl.float16)
-        qk = qa
-    else:
-        q = tl.load(qrow + d[None, :].to(tl.int64) * sq_d, mask=qmask, other=0.0).to(tl.float32)
-        if HW:
-            if K_ELEM == 0:
-                qk = q.to(tl.bfloat16)
-            else:
-                qk = q.to(tl.float16)
-        else:
-            qk = q
+    qk, qa, qb = load_q_operands(qrow, rvalid, sq_d, K_ELEM, D, BLOCK_D, HW)
 
     m_i = tl.full([ROWS], -1.0e30, tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)

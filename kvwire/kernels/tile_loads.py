@@ -222,6 +222,35 @@ def nvfp4_perm(k, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
+def load_q_operands(qrow, rows_valid, sq_d, K_ELEM: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                    HW: tl.constexpr):
+    """q of the rows at pointers ``qrow`` [R, 1] (rows past ``rows_valid`` read 0) as the score
+    dot's operand: ``(qk, qa, qb)``. NVFP4 keys take the half tiles ``qa``/``qb`` in the permuted
+    head-dim order of ``load_nvfp4_ab`` (``qk`` is ``qa``); other keys take ``qk`` [R, BLOCK_D] in
+    the dot's dtype (bf16 for bf16 keys, fp16 for FP8, fp32 in the interpreter; ``qa``/``qb`` are
+    ``qk``)."""
+    if K_ELEM == 2:
+        dperm = nvfp4_perm(tl.arange(0, BLOCK_D // 2), BLOCK_D)
+        hmask = rows_valid[:, None] & (dperm < D)[None, :]
+        qa = tl.load(qrow + dperm[None, :].to(tl.int64) * sq_d, mask=hmask, other=0.0).to(tl.float32)
+        qb = tl.load(qrow + (dperm + 4)[None, :].to(tl.int64) * sq_d, mask=hmask, other=0.0).to(tl.float32)
+        if HW:
+            qa = qa.to(tl.float16)
+            qb = qb.to(tl.float16)
+        return qa, qa, qb
+    else:
+        d = tl.arange(0, BLOCK_D)
+        q = tl.load(qrow + d[None, :].to(tl.int64) * sq_d, mask=rows_valid[:, None] & (d < D)[None, :],
+                    other=0.0).to(tl.float32)
+        if HW:
+            if K_ELEM == 0:
+                q = q.to(tl.bfloat16)
+            else:
+                q = q.to(tl.float16)
+        return q, q, q
+
+
+@triton.jit
 def load_nvfp4_ab(st8, st32, base, row, valid, h, data_off, bs_off, gs_off,
                   P: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BN: tl.constexpr, HW: tl.constexpr):
     """NVFP4 tile as two half tiles ``a``, ``b`` [BN, BLOCK_D/2] in permuted head-dim order

@@ -20,11 +20,10 @@ import torch
 from kvwire.kv_cache import SequenceKV
 from kvwire.runner import Segment
 from kvwire.sampling import Sampler, SamplingParams, sample_rows
-from kvwire.worker_config import WorkerConfig, build_engine
-from transfer import make_transport
+from kvwire.worker_config import WorkerConfig
 from transfer.base import PeerError, TransferError
+from transfer.endpoint import WorkerEndpoint
 from transfer.handle import TransferState, TransferStats
-from transfer.handshake import decode_handshake
 from transfer.manifest import ManifestError, decode_manifest, done_notice
 
 
@@ -52,13 +51,9 @@ class _Request:
     out: "queue.Queue[int | str]" = field(default_factory=queue.Queue)   # tokens, then a finish reason
 
 
-class DecodeWorker:
+class DecodeWorker(WorkerEndpoint):
     def __init__(self, cfg: WorkerConfig) -> None:
-        self.cfg = cfg
-        self.engine, self.tokenizer = build_engine(cfg)
-        self.kv = self.engine.kv
-        self.transport = make_transport(cfg.transport, cfg.name)
-        self.transport.register_pool(self.kv.pool.storage, self.engine.page_format)
+        super().__init__(cfg)
         self._running: dict[str, _Request] = {}
         self._finished: dict[str, _Request] = {}     # done, final reason not yet read (insertion order)
         self._reserved: dict[str, tuple] = {}      # rid -> (manifest, pages, tail slot, params)
@@ -70,12 +65,6 @@ class DecodeWorker:
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name=f"{cfg.name}-decode", daemon=True)
         self._thread.start()
-
-    def handshake(self) -> bytes:
-        return self.transport.handshake().encode()
-
-    def add_peer(self, handshake: bytes) -> str:
-        return self.transport.add_peer(decode_handshake(handshake))
 
     # ---- admission ----
     def admit(self, manifest_blob: bytes, params: SamplingParams, timeout_s: float = 60.0) -> str:

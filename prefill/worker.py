@@ -13,11 +13,10 @@ from dataclasses import dataclass
 from kvwire.kv_cache import SequenceKV
 from kvwire.page_pool import page_chain_hashes
 from kvwire.sampling import Sampler, SamplingParams
-from kvwire.worker_config import WorkerConfig, build_engine
-from transfer import make_transport
+from kvwire.worker_config import WorkerConfig
 from transfer.base import TransferError
+from transfer.endpoint import WorkerEndpoint
 from transfer.handle import TransferState
-from transfer.handshake import decode_handshake
 from transfer.manifest import Manifest, parse_done_notice
 
 @dataclass
@@ -26,25 +25,14 @@ class _Held:
     since: float
 
 
-class PrefillWorker:
+class PrefillWorker(WorkerEndpoint):
     def __init__(self, cfg: WorkerConfig) -> None:
-        self.cfg = cfg
-        self.engine, self.tokenizer = build_engine(cfg)
-        self.kv = self.engine.kv
-        self.transport = make_transport(cfg.transport, cfg.name)
-        self.transport.register_pool(self.kv.pool.storage, self.engine.page_format)
+        super().__init__(cfg)
         self._held: dict[str, _Held] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch_notices, name=f"{cfg.name}-notices", daemon=True)
         self._thread.start()
-
-    # ---- connection ----
-    def handshake(self) -> bytes:
-        return self.transport.handshake().encode()
-
-    def add_peer(self, handshake: bytes) -> str:
-        return self.transport.add_peer(decode_handshake(handshake))
 
     # ---- requests ----
     def cached_prefix_pages(self, prompt_ids: list[int]) -> int:

@@ -1,0 +1,26 @@
+"""What a prefill and a decode worker share: an engine built from the worker's config, and a transport
+whose registered memory is that engine's page pool, with the handshake that connects two of them."""
+from __future__ import annotations
+
+from kvwire.worker_config import WorkerConfig, build_engine
+from transfer import make_transport
+from transfer.handshake import decode_handshake
+
+
+class WorkerEndpoint:
+    """Base of ``prefill.worker.PrefillWorker`` and ``decode.worker.DecodeWorker``."""
+
+    def __init__(self, cfg: WorkerConfig) -> None:
+        self.cfg = cfg
+        self.engine, self.tokenizer = build_engine(cfg)
+        self.kv = self.engine.kv
+        self.transport = make_transport(cfg.transport, cfg.name)
+        self.transport.register_pool(self.kv.pool.storage, self.engine.page_format)
+
+    def handshake(self) -> bytes:
+        """This worker's transfer handshake, for a peer's ``add_peer``."""
+        return self.transport.handshake().encode()
+
+    def add_peer(self, handshake: bytes) -> str:
+        """Connect to the worker whose ``handshake`` this is; returns its name."""
+        return self.transport.add_peer(decode_handshake(handshake))

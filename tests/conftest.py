@@ -4,9 +4,10 @@ a real local Ray cluster on 127.0.0.1 starts once per test module that asks for 
 from __future__ import annotations
 
 import os
-import pathlib
 
 import pytest
+
+from tests.local_ray import local_ray
 
 
 @pytest.fixture(scope="session")
@@ -17,28 +18,11 @@ def smollm2():
     return load_model("smollm2", dtype=None, device="cpu")
 
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
-
-
 @pytest.fixture(scope="module")
 def ray_cluster():
-    ray = pytest.importorskip("ray")
-    saved = {k: os.environ.get(k) for k in RAY_ENV}
-    os.environ.update(RAY_ENV)
-    ray.init(num_cpus=8, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False,
-             object_store_memory=200 * 1024 * 1024, configure_logging=False,
-             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
-                 p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p), **RAY_ENV}})
-    try:
+    pytest.importorskip("ray")
+    with local_ray(num_cpus=8, object_store_mb=200) as ray:
         yield ray
-    finally:
-        ray.shutdown()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 # The suite leaves native libraries loaded in this process (NIXL/UCX agents, gRPC, the Ray

@@ -6,12 +6,14 @@ passed in so each codec raises its own ValueError subclass.
 """
 from __future__ import annotations
 
-from typing import Any
+from enum import Enum
+from typing import Any, TypeVar
 
 import msgpack
 
 from kvwire.formats import PageFormat
 
+E = TypeVar("E", bound=Enum)
 _TYPE_NAMES = {int: "an integer", str: "a string", bytes: "bytes", dict: "a map", list: "a list"}
 
 
@@ -61,6 +63,15 @@ def take(payload: dict[str, Any], key: str, kind: type, what: str, error: type[V
         raise error(f"{what} field '{key}' must be {name}{' or nil' if optional else ''}, "
                     f"got {type(value).__name__} {value!r:.60}")
     return value
+
+
+def take_enum(payload: dict[str, Any], key: str, enum: type[E], what: str, error: type[ValueError]) -> E:
+    """``payload[key]``, a string, as a member of ``enum``; the error lists the values it knows."""
+    value = take(payload, key, str, what, error)
+    try:
+        return enum(value)
+    except ValueError:
+        raise error(f"{what} {key} {value!r} is not one of {[m.value for m in enum]}") from None
 
 
 def describe(fmt: PageFormat) -> str:

@@ -14,7 +14,7 @@ import enum
 from dataclasses import dataclass
 
 from kvwire.formats import PageFormat
-from transfer._codec import check_keys, check_version, format_from_wire, pack, take, unpack
+from transfer._codec import check_keys, check_version, format_from_wire, pack, take, take_enum, unpack
 
 HANDSHAKE_VERSION = 1
 _WHAT = "handshake"
@@ -75,12 +75,7 @@ class PoolInfo:
     def from_wire(cls, d: dict) -> "PoolInfo":
         what = "handshake pool"
         check_keys(d, _POOL_FIELDS, what, HandshakeError)
-        memory = take(d, "memory_type", str, what, HandshakeError)
-        try:
-            memory_type = MemoryType(memory)
-        except ValueError:
-            raise HandshakeError(f"{what} memory_type {memory!r} is not one of "
-                                 f"{[m.value for m in MemoryType]}") from None
+        memory_type = take_enum(d, "memory_type", MemoryType, what, HandshakeError)
         fmt = format_from_wire(take(d, "page_format", dict, what, HandshakeError),
                                take(d, "format_hash", str, what, HandshakeError), what, HandshakeError)
         return cls(take(d, "base_address", int, what, HandshakeError), take(d, "num_pages", int, what, HandshakeError),
@@ -112,12 +107,7 @@ def decode_handshake(blob: bytes) -> Handshake:
     payload = unpack(blob, _WHAT, HandshakeError)
     check_version(payload, HANDSHAKE_VERSION, _WHAT, HandshakeError)
     check_keys(payload, _FIELDS, _WHAT, HandshakeError)
-    kind = take(payload, "transport", str, _WHAT, HandshakeError)
-    try:
-        transport = TransportKind(kind)
-    except ValueError:
-        raise HandshakeError(f"handshake transport {kind!r} is not one of "
-                             f"{[k.value for k in TransportKind]}") from None
+    transport = take_enum(payload, "transport", TransportKind, _WHAT, HandshakeError)
     return Handshake(take(payload, "agent_name", str, _WHAT, HandshakeError), transport,
                      take(payload, "backend_metadata", bytes, _WHAT, HandshakeError),
                      PoolInfo.from_wire(take(payload, "pool", dict, _WHAT, HandshakeError)))

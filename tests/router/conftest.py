@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-from tests.conftest import RAY_ENV
+from tests.local_ray import RAY_ENV
 
 
 def free_port() -> int:

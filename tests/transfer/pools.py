@@ -1,6 +1,8 @@
-"""Test helpers: a small mixed page format, random pools and unique agent names."""
+"""Test helpers: a small mixed page format, random pools, unique agent names, and waiting for a
+transport's notifications."""
 from __future__ import annotations
 
+import time
 import uuid
 
 import torch
@@ -26,3 +28,15 @@ def random_pool(fmt: PageFormat, num_pages: int, seed: int) -> torch.Tensor:
 def unique(prefix: str) -> str:
     """Agent names are process-wide keys: never reuse one across tests."""
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def notifications(t, want: int = 1, timeout: float = 2.0) -> list[tuple[str, bytes]]:
+    """Collect transport ``t``'s notifications until ``want`` arrived or ``timeout``; sleeps with
+    backoff between polls."""
+    got: list[tuple[str, bytes]] = []
+    end, delay = time.monotonic() + timeout, 1e-3
+    while len(got) < want and time.monotonic() < end:
+        got += t.poll_notifications()
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+    return got + t.poll_notifications()

@@ -7,11 +7,11 @@ the actor boundary as plain data (msgpack blobs, lists, bytes).
 from __future__ import annotations
 
 import os
-import time
 
 import torch
 
 from kvwire.formats import PageFormat
+from tests.transfer.pools import notifications
 from transfer import decode_handshake
 from transfer.nixl_transport import NixlTransport
 
@@ -62,14 +62,7 @@ class PoolPeer:
         return self.transports[link].storage[ids].numpy().tobytes()
 
     def notifications(self, link: str, want: int, timeout: float) -> list[tuple[str, bytes]]:
-        t = self.transports[link]
-        got: list[tuple[str, bytes]] = []
-        end, delay = time.monotonic() + timeout, 1e-3
-        while len(got) < want and time.monotonic() < end:
-            got += t.poll_notifications()
-            time.sleep(delay)
-            delay = min(delay * 2, 0.05)
-        return got + t.poll_notifications()
+        return notifications(self.transports[link], want, timeout)
 
     def pid(self) -> int:
         return os.getpid()

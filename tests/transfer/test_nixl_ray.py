@@ -6,31 +6,21 @@ TCP-only agent (see ray_peer.py); the driver only moves handshakes and compares 
 from __future__ import annotations
 
 import os
-import pathlib
 
 import pytest
 
+from tests.local_ray import local_ray
 from tests.transfer.pools import big_format, small_format
 
 pytest.importorskip("nixl", reason="nixl is not installed")
 ray = pytest.importorskip("ray", reason="ray is not installed")
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
 NUM_PAGES = {"default": 32, "tcp": 512}  # tcp: 128 MiB transfers, still in flight when checked
-# The tree, then the driver's own PYTHONPATH: where ray itself comes from a PYTHONPATH entry (the GPU
-# machine's /tmp/site), actors given only the tree cannot import ray and never start.
-PYTHONPATH = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
 
 
 @pytest.fixture(scope="module")
 def peers():
-    saved = {k: os.environ.get(k) for k in RAY_ENV}
-    os.environ.update(RAY_ENV)
-    ray.init(num_cpus=2, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False,
-             object_store_memory=80 * 1024 * 1024, configure_logging=False,
-             runtime_env={"env_vars": {"PYTHONPATH": PYTHONPATH, **RAY_ENV}})
-    try:
+    with local_ray(num_cpus=2, object_store_mb=80):
         from tests.transfer.ray_peer import PoolPeer
         actor = ray.remote(num_cpus=0)(PoolPeer)
         formats = {"default": small_format().to_dict(), "tcp": big_format().to_dict()}
@@ -41,13 +31,6 @@ def peers():
                      decode.add_peer.remote(link, prefill.handshake.remote(link))])
         yield prefill, decode
         ray.get([prefill.close.remote(), decode.close.remote()])
-    finally:
-        ray.shutdown()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def test_actors_are_separate_processes(peers) -> None:

@@ -4,14 +4,13 @@ NIXL here is real: two agents with their own UCX workers, talking through UCX on
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Iterator
 
 import pytest
 import torch
 
-from tests.transfer.pools import random_pool, small_format, unique
+from tests.transfer.pools import notifications, random_pool, small_format, unique
 from transfer import PageIdError, PeerError, TransferError, TransferState, Transport, make_transport
 
 KINDS = ["inprocess", pytest.param("nixl", marks=pytest.mark.skipif(
@@ -24,17 +23,6 @@ class Pair:
     b: Transport
     pool_a: torch.Tensor
     pool_b: torch.Tensor
-
-
-def notifications(t: Transport, want: int = 1, timeout: float = 2.0) -> list[tuple[str, bytes]]:
-    """Collect until ``want`` arrived or ``timeout``; sleeps with backoff between polls."""
-    got: list[tuple[str, bytes]] = []
-    end, delay = time.monotonic() + timeout, 1e-3
-    while len(got) < want and time.monotonic() < end:
-        got += t.poll_notifications()
-        time.sleep(delay)
-        delay = min(delay * 2, 0.05)
-    return got + t.poll_notifications()
 
 
 @pytest.fixture(params=KINDS)

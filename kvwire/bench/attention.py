@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kvwire.bench.targets import format_verdicts, judge
+
 DEFAULT_FORMATS = ("bf16", "fp8-token", "fp8-tensor", "nvfp4", "fp8-token/nvfp4")
 DEFAULT_SHAPES = ("1x32k", "8x32k", "32x32k", "16x128k", "64x8k", "128x2k")
 QUICK_SHAPES = ("1x32k", "32x32k")
@@ -309,7 +311,7 @@ def _result(rows: list, copy: dict, hq: int, h: int, d: int, p: int, t_start: fl
         "bench": "attention", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
         "triton": __import__("triton").__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "shape": {"num_q_heads": hq, "num_kv_heads": h, "head_dim": d, "page_size": p, "layers_timed": 1},
-        "copy_bandwidth": copy, "rows": rows, "seconds": time.time() - t_start,
+        "copy_bandwidth": copy, "rows": rows, "targets": judge("attention", rows), "seconds": time.time() - t_start,
     }
 
 
@@ -363,7 +365,7 @@ def format_table(result: dict) -> str:
                      f"{r['tb_per_s']:.2f} | {r['floor_ms']:.4f} | {100 * r['of_floor']:.1f}% | {r['sdpa_bf16_ms']:.4f} | "
                      f"{r['vs_sdpa']:.2f}x | {'-' if dq is None else f'{dq:.1f}x'} | "
                      f"{_err(r)} |")
-    return "\n".join(lines)
+    return "\n".join(lines) + format_verdicts(result.get("targets", []))
 
 
 def main(argv=None) -> None:

@@ -17,6 +17,8 @@ import time
 
 import torch
 
+from kvwire.bench.targets import format_verdicts, judge
+
 DEFAULT_FORMATS = ("bf16", "fp8-tensor", "fp8-page", "fp8-token", "nvfp4")
 HEADS_PER_PROGRAM = (1, 2, 8)
 
@@ -96,7 +98,7 @@ def run(args) -> dict:
     result = {"bench": "quantize", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "triton": __import__("triton").__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
               "shape": {"num_kv_heads": h, "head_dim": d, "page_size": p, "input": "bf16, one layer's K"},
-              "copy_bandwidth": copy, "rows": rows}
+              "copy_bandwidth": copy, "rows": rows, "targets": judge("quantize", rows)}
     if getattr(args, "out", None):
         with open(args.out, "w") as fh:
             json.dump(result, fh, indent=1)
@@ -122,7 +124,7 @@ def format_table(result: dict) -> str:
                      f"{hb} | {r['ms'] * 1e3:.1f} | "
                      f"{r['bytes_read'] / 1e6:.1f} | {r['bytes_written'] / 1e6:.1f} | {r['tb_per_s']:.2f} | "
                      f"{100 * r['of_copy_bw']:.1f}% |")
-    return "\n".join(lines)
+    return "\n".join(lines) + format_verdicts(result.get("targets", []))
 
 
 def main(argv=None) -> None:

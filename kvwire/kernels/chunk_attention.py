@@ -22,6 +22,7 @@ picks S from the SM count.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -34,8 +35,8 @@ from kvwire.kernels._common import (
     bf16_bits_to_f32, check_storage, elem_code, gran_code, interpreting, part_offsets, partials, pow2,
     read_pages_reference, static_arg, use_triton,
 )
-from kvwire.kernels.chunk_plan import (INTERPRETER_TILE, default_tile, fp8_tensor_cores, planned_splits,
-                                       queries_per_block)
+from kvwire.kernels.chunk_plan import (INTERPRETER_TILE, default_tile, fp8_tensor_cores, launch_fitting,
+                                       planned_splits, queries_per_block)
 from kvwire.kernels.tile_loads import load_colscale, load_fp8_codes, load_kv_tile, load_nvfp4_tile_folded
 
 LOG2E = 1.4426950408889634
@@ -307,11 +308,26 @@ def paged_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.T
         return out
     hw = (not interpreting()) if _hw is None else _hw
     dev = storage.device
+    tile = default_tile(f, dev) if hw else INTERPRETER_TILE
+    explicit = rows is not None or block_n is not None or num_warps is not None or num_stages is not None
+    if explicit:
+        tile = (rows or tile[0], block_n or tile[1], num_warps or tile[2], num_stages or tile[3])
+    launch = functools.partial(_launch, q, q_pos, storage, f, layer, page_ids, k_open, v_open, open_start,
+                               static_scales, out, num_splits, nvfp4_asm, fp8_dot, hw)
+    launch_fitting(launch, tile, (str(dev), f.kv.name, d, hq // h), explicit)
+    return out
+
+
+def _launch(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.Tensor, f: PageFormat, layer: int,
+            page_ids: torch.Tensor, k_open: torch.Tensor, v_open: torch.Tensor, open_start: int,
+            static_scales: torch.Tensor | None, out: torch.Tensor, num_splits: int | None, nvfp4_asm: bool,
+            fp8_dot: bool, hw: bool, tile: tuple[int, int, int, int]) -> None:
+    """One call of ``paged_chunk_attention`` (arguments checked) in launch tile ``tile``."""
+    n, hq, d = q.shape
+    h = f.num_kv_heads
+    dev = storage.device
     g = hq // h
     block_g = pow2(g)
-    tile = default_tile(f, dev) if hw else INTERPRETER_TILE
-    if rows is not None or block_n is not None or num_warps is not None or num_stages is not None:
-        tile = (rows or tile[0], block_n or tile[1], num_warps or tile[2], num_stages or tile[3])
     rows, bn, warps, stages = tile
     block_m = queries_per_block(rows, block_g)
     block_d = pow2(d)
@@ -357,7 +373,6 @@ def paged_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.T
         _chunk_merge_kernel[(triton.cdiv(n * hq, rows_per_program),)](
             part_acc, part_m, part_l, out, *out.stride(), n * hq, parts,
             HQ=hq, D=d, BLOCK_D=block_d, ROWS=rows_per_program, num_warps=4)
-    return out
 
 
 # ---- torch reference -----------------------------------------------------------------------------

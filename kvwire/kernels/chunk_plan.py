@@ -4,11 +4,17 @@ policy (measured on the H200, docs/benchmarks.md "Chunk attention") reads in one
 """
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+
 import torch
 import triton
+from triton.runtime.errors import OutOfResources
 
 from kvwire.formats import ElementType, PageFormat
 from kvwire.kernels._common import interpreting, num_sms, pow2
+
+log = logging.getLogger(__name__)
 
 # Tiles on the GPU: (rows = queries x GQA group, keys per tile, warps, stages). H200 (docs/benchmarks.md,
 # "Chunk attention"):
@@ -32,6 +38,48 @@ INTERPRETER_TILE = (128, 64, 8, 1)      # the CPU (Triton interpreter): sizes fo
 # grid that already fills the GPU only adds the partials' write and merge (H200, 512-token chunk:
 # 3-20% slower, docs/benchmarks.md).
 MIN_SPLIT_TOKENS = 1024
+
+
+# Smaller GPUs: the tiles above need 112-160 KiB of shared memory (H200: 227 KiB per block; A100 163;
+# L4, A10 and RTX 4090 99). A launch whose tile does not fit steps down (``smaller_tile``) and the
+# tile that fitted is remembered per (device, format, head_dim, GQA group), so later calls start there.
+Tile = tuple[int, int, int, int]
+_FITTED: dict[tuple, Tile] = {}
+
+
+def smaller_tile(tile: Tile) -> Tile | None:
+    """The next tile down when ``tile`` needs more shared memory than the GPU has: fewer pipeline
+    stages, then half the keys per tile (down to 32), then half the rows (down to 16, with fewer
+    warps); None below that."""
+    rows, bn, warps, stages = tile
+    if stages > 1:
+        return rows, bn, warps, stages - 1
+    if bn > 32:
+        return rows, bn // 2, warps, stages
+    if rows > 16:
+        return rows // 2, bn, max(4, warps // 2), stages
+    return None
+
+
+def launch_fitting(launch: Callable[[Tile], None], tile: Tile, key: tuple, explicit: bool) -> Tile:
+    """Run ``launch(tile)``; where the GPU's shared memory cannot hold the tile (Triton raises
+    OutOfResources before the kernel runs, so nothing is half written), step down with
+    ``smaller_tile`` and try again, and remember for ``key`` what fitted. An ``explicit`` tile (the
+    caller's own choice) is not changed: its error propagates. Returns the tile that ran."""
+    asked = tile
+    if not explicit:
+        tile = _FITTED.get((key, asked), tile)
+    while True:
+        try:
+            launch(tile)
+            return tile
+        except OutOfResources as exc:
+            smaller = None if explicit else smaller_tile(tile)
+            if smaller is None:
+                raise
+            log.warning("chunk attention: tile %s (rows, keys, warps, stages) needs more %s than this GPU has "
+                        "(%s); trying %s", tile, exc.name, exc, smaller)
+            tile = _FITTED[(key, asked)] = smaller
 
 
 def fp8_tensor_cores(device: torch.device) -> bool:

@@ -124,3 +124,62 @@ def test_tile_and_split_policy_for_a_gpu_of_132_sms(monkeypatch):
     # a short prefix: splits of at least MIN_SPLIT_TOKENS
     assert ca.planned_splits(64, 32, compact, 130, gpu) == 130 * 16 // ca.MIN_SPLIT_TOKENS
     assert not ca.fp8_tensor_cores(torch.device("cpu"))
+
+
+class SmallSharedMemory:
+    """The chunk kernel as a GPU with little shared memory would run it: a launch whose tile has
+    more than ``max_keys`` keys or more than one stage raises Triton's OutOfResources (as its
+    launcher does before the kernel runs); others run. A stand-in: the interpreter never runs out."""
+
+    def __init__(self, kernel, max_keys: int) -> None:
+        self.kernel, self.max_keys, self.refused = kernel, max_keys, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kw):
+            tile = (kw["BN"], kw["num_stages"])
+            if kw["BN"] > self.max_keys or kw["num_stages"] > 1:
+                from triton.runtime.errors import OutOfResources
+                self.refused.append(tile)
+                raise OutOfResources(200 * 1024, 99 * 1024, "shared memory")
+            return self.kernel[grid](*args, **kw)
+        return launch
+
+
+def test_a_tile_too_big_for_the_gpu_steps_down_and_is_remembered(monkeypatch, caplog):
+    from kvwire.kernels import chunk_attention, chunk_plan
+    monkeypatch.setattr(chunk_plan, "_FITTED", {})
+    monkeypatch.setattr(chunk_attention, "INTERPRETER_TILE", (32, 64, 4, 2))
+    small = SmallSharedMemory(chunk_attention._chunk_kernel, max_keys=32)
+    monkeypatch.setattr(chunk_attention, "_chunk_kernel", small)
+    run_case("fp8-token/nvfp4", n_pages=5, open_start=80, open_len=21, seed=3)
+    assert small.refused == [(64, 2), (64, 1)], "stages first, then keys per tile"
+    assert "needs more shared memory than this GPU has" in caplog.text
+    assert list(chunk_plan._FITTED.values()) == [(32, 32, 4, 1)]
+    small.refused.clear()
+    run_case("fp8-token/nvfp4", n_pages=5, open_start=80, open_len=21, seed=4)
+    assert small.refused == [], "the second call starts at the tile that fitted"
+
+
+def test_an_explicit_tile_that_does_not_fit_is_an_error(monkeypatch):
+    from triton.runtime.errors import OutOfResources
+
+    from kvwire.kernels import chunk_attention, chunk_plan
+    monkeypatch.setattr(chunk_plan, "_FITTED", {})
+    monkeypatch.setattr(chunk_attention, "_chunk_kernel", SmallSharedMemory(chunk_attention._chunk_kernel, 32))
+    gen = torch.Generator().manual_seed(0)
+    f = make_format("nvfp4", page_size=16, layers=2, heads=2, head_dim=64)
+    storage, static = make_pool(f, 4, gen, "cpu")
+    q = torch.randn((3, 4, 64), generator=gen)
+    kv = torch.randn((3, 2, 64), generator=gen).to(torch.bfloat16)
+    with pytest.raises(OutOfResources):
+        paged_chunk_attention(q, torch.arange(32, 35), storage, f, 1, torch.arange(2), kv, kv, 32, static,
+                              block_n=64)
+
+
+def test_smaller_tiles_end_at_the_smallest():
+    from kvwire.kernels.chunk_plan import COMPACT_TILE, smaller_tile
+    tiles = [COMPACT_TILE]
+    while (t := smaller_tile(tiles[-1])) is not None:
+        tiles.append(t)
+    assert tiles == [(64, 128, 4, 2), (64, 128, 4, 1), (64, 64, 4, 1), (64, 32, 4, 1), (32, 32, 4, 1),
+                     (16, 32, 4, 1)]

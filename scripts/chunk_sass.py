@@ -28,7 +28,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from kvwire.formats import KVFormat, PageFormat  # noqa: E402
+from kvwire.formats import ElementType, KVFormat, PageFormat  # noqa: E402
 from kvwire.kernels._common import elem_code, gran_code  # noqa: E402
 from kvwire.kernels.chunk_attention import _chunk_kernel  # noqa: E402
 
@@ -57,6 +57,8 @@ def compile_kernel(name: str, rows: int, block_n: int, warps: int, stages: int, 
     for p in names:
         if p in const:
             sig[p] = "constexpr"
+        elif p == "stf8" and not (fp8_dot and kf.element is ElementType.FP8):
+            sig[p] = "*u8"              # as the launcher passes it: an E4M3 view only for the FP8 dot
         elif p in POINTERS:
             sig[p] = POINTERS[p]
         elif p in FLOATS:

@@ -334,7 +334,6 @@ def _launch(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.Tensor, f: Page
     static = static_arg(f, static_scales, dev)
     kf, vf = f.kv.key, f.kv.value
     st32 = storage.view(torch.float32)
-    stf8 = storage.view(torch.float8_e4m3fn) if hw else storage      # the FP8 key bytes as E4M3 (GPU path only)
     st16 = storage.view(torch.bfloat16) if hw else storage.view(torch.int16)
     ko = k_open.to(torch.bfloat16).view(torch.int16)
     vo = v_open.to(torch.bfloat16).view(torch.int16)
@@ -351,6 +350,9 @@ def _launch(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.Tensor, f: Page
     parts = splits + 1 if split else 1                  # split S: the open tokens
     # an E4M3 dot reduces over at least 32 elements: smaller heads keep the fp16 path
     fp8_keys = fp8_dot and kf.element is ElementType.FP8 and block_d >= 32 and fp8_tensor_cores(dev)
+    # the FP8 key bytes as E4M3 for that dot only: an fp8e4nv pointer does not compile before sm_89,
+    # where bf16 pages must still run
+    stf8 = storage.view(torch.float8_e4m3fn) if fp8_keys else storage
     if split:
         part_acc = partials((parts, n, hq, d), dev, hw)
         part_m = partials((parts, n, hq), dev, hw)

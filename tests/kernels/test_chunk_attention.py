@@ -183,3 +183,4 @@ def test_smaller_tiles_end_at_the_smallest():
         tiles.append(t)
     assert tiles == [(64, 128, 4, 2), (64, 128, 4, 1), (64, 64, 4, 1), (64, 32, 4, 1), (32, 32, 4, 1),
                      (16, 32, 4, 1)]
+

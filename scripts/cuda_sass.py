@@ -9,6 +9,10 @@ from the triton wheel, so no CUDA toolkit or driver is needed:
     python scripts/cuda_sass.py save /tmp/sass-before        # 45 configurations, about 20 s
     python scripts/cuda_sass.py compare /tmp/sass-before     # lists the ones whose SASS changed
     python scripts/cuda_sass.py loop nvfp4 nvfp4 MINB=6      # registers, spills, page-loop mix
+    python scripts/cuda_sass.py build --arch sm_89 --arch sm_90  # does every configuration build there?
+
+``build`` is what CPU CI runs (tests/kernels/test_cuda_builds.py): the emulator checks what the
+kernels compute, this that their PTX assembles for the GPUs they are selected on (sm_89+).
 """
 from __future__ import annotations
 
@@ -54,12 +58,20 @@ def load_nvrtc() -> None:
     nvrtc._LIBS["nvrtc"] = ctypes.CDLL(libs[0])
 
 
+def cubin(source_file: str, kernel: str, defines: dict[str, int], arch: str = "sm_90") -> bytes:
+    """One configuration built for ``arch`` as kvwire builds it there (no bulk-copy ring before
+    sm_90, as ``paged_decode_cuda.kernel_for``); raises RuntimeError with NVRTC's log."""
+    if source_file == paged_decode_cuda.SOURCE and arch < "sm_90":
+        defines = {**defines, "STAGES": 0}
+    return nvrtc.compile_cubin((nvrtc.CUDA_SOURCE_DIR / source_file).read_text(), kernel,
+                               [f"-D{k}={v}" for k, v in defines.items()], arch)
+
+
 def sass(source_file: str, kernel: str, defines: dict[str, int]) -> tuple[str, str]:
     """(disassembly, resource usage) of one configuration."""
-    cubin = nvrtc.compile_cubin((nvrtc.CUDA_SOURCE_DIR / source_file).read_text(), kernel,
-                                [f"-D{k}={v}" for k, v in defines.items()], "sm_90")
+    cubin_bytes = cubin(source_file, kernel, defines)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
+        f.write(cubin_bytes)
         f.flush()
         text = subprocess.run([str(TOOLS / "nvdisasm"), "-c", f.name], capture_output=True, text=True).stdout
         res = subprocess.run([str(TOOLS / "cuobjdump"), "-res-usage", f.name], capture_output=True, text=True).stdout
@@ -109,8 +121,23 @@ def main() -> None:
     loop.add_argument("key", choices=ELEMENTS)
     loop.add_argument("value", choices=ELEMENTS)
     loop.add_argument("overrides", nargs="*", help="MACRO=VALUE, e.g. MINB=6 WHOLEPAGE=1")
+    build = sub.add_parser("build", help="compile every configuration for each --arch; exit 1 if one fails")
+    build.add_argument("--arch", action="append", required=True, help="e.g. sm_89 (repeatable)")
     args = ap.parse_args()
     load_nvrtc()
+    if args.cmd == "build":
+        failed = 0
+        for arch in args.arch:
+            for name, (src, kern, defines) in matrix().items():
+                try:
+                    cubin(src, kern, defines, arch)
+                except RuntimeError as e:
+                    failed += 1
+                    errors = [line for line in str(e).splitlines() if "error" in line]
+                    print(f"{arch} {name}: does not build: {(errors or [str(e)])[0].strip()}", flush=True)
+        total = len(args.arch) * len(matrix())
+        print(f"{total - failed} of {total} builds succeeded ({', '.join(args.arch)})")
+        sys.exit(1 if failed else 0)
     if args.cmd == "loop":
         extra = {k: int(v) for k, v in (o.split("=") for o in args.overrides)}
         text, res = sass(paged_decode_cuda.SOURCE, paged_decode_cuda.KERNEL, decode_defines(args.key, args.value, extra))

@@ -40,9 +40,10 @@ INTERPRETER_TILE = (128, 64, 8, 1)      # the CPU (Triton interpreter): sizes fo
 MIN_SPLIT_TOKENS = 1024
 
 
-# Smaller GPUs: the tiles above need 112-160 KiB of shared memory (H200: 227 KiB per block; A100 163;
-# L4, A10 and RTX 4090 99). A launch whose tile does not fit steps down (``smaller_tile``) and the
-# tile that fitted is remembered per (device, format, head_dim, GQA group), so later calls start there.
+# Smaller GPUs: built for sm_90 the tiles above need 112-160 KiB of shared memory (Hopper: 227 KiB per
+# block), built for sm_80/sm_89 96-122 KiB (A100: 163; L4, A10, RTX 4090: 99). A launch whose tile
+# does not fit steps down (``smaller_tile``) and the tile that fitted is remembered per (device,
+# format, head_dim, GQA group), so later calls start there.
 Tile = tuple[int, int, int, int]
 _FITTED: dict[tuple, Tile] = {}
 

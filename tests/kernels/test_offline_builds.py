@@ -29,16 +29,16 @@ def recorded(monkeypatch, module, *names) -> list[Recorder]:
 GPU = torch.device("cuda", 0)
 
 
-def chunk_launches(monkeypatch, fmt: str, fp8_cores: bool) -> list:
+def chunk_launches(monkeypatch, fmt: str, fp8_cores: bool, head_dim: int = 128) -> list:
     # the launch plan a GPU gets (tile, FP8 tensor cores), though the tensors are on the CPU
     monkeypatch.setattr(chunk_attention, "fp8_tensor_cores", lambda dev: fp8_cores)
     monkeypatch.setattr(chunk_attention, "default_tile", lambda f, dev: chunk_plan.default_tile(f, GPU))
     recs = recorded(monkeypatch, chunk_attention, "_chunk_kernel", "_chunk_merge_kernel")
     gen = torch.Generator().manual_seed(0)
-    f = make_format(fmt, page_size=16, layers=2, heads=2, head_dim=128)
+    f = make_format(fmt, page_size=16, layers=2, heads=2, head_dim=head_dim)
     storage, static = make_pool(f, 4, gen)
-    q = torch.randn((20, 8, 128), generator=gen).to(torch.bfloat16)
-    kv = torch.randn((20, 2, 128), generator=gen).to(torch.bfloat16)
+    q = torch.randn((20, 8, head_dim), generator=gen).to(torch.bfloat16)
+    kv = torch.randn((20, 2, head_dim), generator=gen).to(torch.bfloat16)
     chunk_attention.paged_chunk_attention(q, torch.arange(32, 52), storage, f, 1, torch.arange(2), kv, kv, 32,
                                           static, num_splits=2, _hw=True)
     return [launch for rec in recs for launch in rec.launches]
@@ -55,12 +55,12 @@ def decode_launches(monkeypatch, fmt: str) -> list:
     return [launch for rec in recs for launch in rec.launches]
 
 
-def quantize_launches(monkeypatch, fmt: str) -> list:
+def quantize_launches(monkeypatch, fmt: str, head_dim: int = 128) -> list:
     (rec,) = recorded(monkeypatch, quantize, "_quantize_kernel")
     gen = torch.Generator().manual_seed(1)
-    f = make_format(fmt, page_size=16, layers=2, heads=2, head_dim=128)
+    f = make_format(fmt, page_size=16, layers=2, heads=2, head_dim=head_dim)
     storage = torch.zeros((4, f.page_bytes), dtype=torch.uint8)
-    x = torch.randn((2, 16, 2, 128), generator=gen).to(torch.bfloat16)
+    x = torch.randn((2, 16, 2, head_dim), generator=gen).to(torch.bfloat16)
     static = torch.full((2,), 0.01)
     for part in (0, 1):
         quantize.write_pages(storage, f, 1, part, torch.tensor([3, 0]), x, static, backend="triton", _hw_cast=True)
@@ -97,13 +97,15 @@ def test_bf16_pages_build_from_ampere_on(monkeypatch, capability):
         assert results[0]["shared"] <= 99 * 1024
 
 
-@pytest.mark.parametrize("capability", [ADA, HOPPER])
+# head_dim 64 is SmolLM2's (the default model), 128 the common one; Hopper with 64 runs in the GPU tests
+@pytest.mark.parametrize("capability,head_dim", [(ADA, 64), (ADA, 128), (HOPPER, 128)], ids=["ada-64", "ada-128",
+                                                                                         "hopper-128"])
 @pytest.mark.parametrize("fmt", ["fp8-token/nvfp4", "nvfp4", "fp8-tensor"])
-def test_compact_pages_build_from_ada_on(monkeypatch, fmt, capability):
+def test_compact_pages_build_from_ada_on(monkeypatch, fmt, capability, head_dim):
     # Triton's side of compact pages: chunk attention (FP8 keys on E4M3 tensor cores, as on sm_89+),
     # the split decode kernel (heads the CUDA kernel does not cover), quantise from fp16/fp32 input
-    launches = (chunk_launches(monkeypatch, fmt, fp8_cores=True) + decode_launches(monkeypatch, fmt)
-                + quantize_launches(monkeypatch, fmt))
+    launches = (chunk_launches(monkeypatch, fmt, fp8_cores=True, head_dim=head_dim)
+                + decode_launches(monkeypatch, fmt) + quantize_launches(monkeypatch, fmt, head_dim))
     assert_builds(launches, capability)
 
 

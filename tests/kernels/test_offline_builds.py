@@ -44,14 +44,14 @@ def chunk_launches(monkeypatch, fmt: str, fp8_cores: bool, head_dim: int = 128) 
     return [launch for rec in recs for launch in rec.launches]
 
 
-def decode_launches(monkeypatch, fmt: str) -> list:
+def decode_launches(monkeypatch, fmt: str, heads: int = 8, head_dim: int = 128) -> list:
     config = paged_decode.default_config           # the GPU's tile and stages, for an H200's 132 SMs
     monkeypatch.setattr(paged_decode, "interpreting", lambda: False)
     monkeypatch.setattr(paged_decode, "num_sms", lambda dev: 132)
     monkeypatch.setattr(paged_decode, "default_config", lambda f, *a, **kw: config(f, a[0], a[1], GPU, *a[3:], **kw))
     recs = recorded(monkeypatch, paged_decode, "_decode_split_kernel", "_decode_reduce_kernel")
-    paged_decode.paged_decode_attention(*decode_problem("cpu", fmt, num_pages=(3, 1), tail_len=(5, 16)),
-                                        backend="triton", _hw=True)
+    paged_decode.paged_decode_attention(*decode_problem("cpu", fmt, heads=heads, head_dim=head_dim, num_pages=(3, 1),
+                                                        tail_len=(5, 16)), backend="triton", _hw=True)
     return [launch for rec in recs for launch in rec.launches]
 
 
@@ -116,3 +116,13 @@ def test_the_launches_built_are_the_gpus(monkeypatch):
         bn, warps, stages), "the recorder saw the interpreter's tile, not the GPU's"
     split = decode_launches(monkeypatch, "nvfp4")[0]
     assert (split.kwargs["BN"], split.kwargs["num_stages"], split.kwargs["HW"]) == (128, 3, True)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8-token/nvfp4"])
+def test_small_heads_build(monkeypatch, fmt):
+    """Heads of 16 (the tests' tiny models) take the Triton decode kernel on the GPU; its NVFP4 half
+    tiles once came out 8 wide there, which tl.dot rejects on a GPU and the interpreter allowed
+    (found on the H200, 2026-12-05), and the 4-warp chunk tile could not be laid out for them
+    (2026-12-04). The build catches both without a GPU."""
+    assert_builds(decode_launches(monkeypatch, fmt, heads=2, head_dim=16)
+                  + chunk_launches(monkeypatch, fmt, fp8_cores=True, head_dim=16), HOPPER)

@@ -44,7 +44,11 @@ PAIRS = [("fp8-token", "fp8-token"), ("fp8-tensor", "fp8-tensor"), ("nvfp4", "nv
          ("fp8-page", "fp8-token")]
 DECODE_VARIANTS = [{}, {"STAGES": 2}, {"WHOLEPAGE": 1, "STAGES": 2}, {"WHOLEPAGE": 1}, {"QSMEM": 0, "MINB": 4},
                    {"D": 64, "G": 3}, {"PREF": 2, "DEPTH": 2}, {"QF32": 1}]
-QUANTIZE = [(1, 1, 2, 0), (1, 2, 2, 1), (1, 3, 2, 0), (2, 0, 2, 0), (2, 0, 4, 1)]   # ELEM, GRAN, CPL, CHECK
+# ELEM, GRAN, CPL, CHECK, D, H: other chunk counts, the shipped ones (FP8 4, NVFP4 8), and SmolLM2's
+# heads (D 64, H 3), where NVFP4 takes 2 chunks per thread (quantize_cuda.chunks_per_thread)
+QUANTIZE = [(1, 1, 2, 0, 128, 8), (1, 2, 2, 1, 128, 8), (1, 3, 2, 0, 128, 8), (2, 0, 2, 0, 128, 8),
+            (2, 0, 4, 1, 128, 8), (1, 1, 4, 1, 128, 8), (2, 0, 8, 1, 128, 8), (1, 1, 4, 1, 64, 3),
+            (2, 0, 2, 1, 64, 3)]
 
 
 def load_nvrtc() -> None:
@@ -90,11 +94,11 @@ def matrix() -> dict[str, tuple[str, str, dict[str, int]]]:
     for (k, v), extra in itertools.product(PAIRS, DECODE_VARIANTS):
         out[f"decode {k}/{v} {json.dumps(extra, sort_keys=True)}"] = (
             paged_decode_cuda.SOURCE, paged_decode_cuda.KERNEL, decode_defines(k, v, extra))
-    for elem, gran, cpl, check in QUANTIZE:
-        out[f"quantize elem={elem} gran={gran} cpl={cpl} check={check}"] = (
-            quantize_cuda.SOURCE, quantize_cuda.KERNEL,
-            {"H": 8, "P": 16, "D": 128, "CPL": cpl, "ELEM": elem, "GRAN": gran, "CHECK": check, "DIVSTEPS": 1,
-             **quantize_cuda.DEFAULT_TUNING})
+    for elem, gran, cpl, check, d, h in QUANTIZE:
+        name = f"quantize elem={elem} gran={gran} cpl={cpl} check={check}" + ("" if (d, h) == (128, 8) else f" D={d} H={h}")
+        out[name] = (quantize_cuda.SOURCE, quantize_cuda.KERNEL,
+                     {"H": h, "P": 16, "D": d, "CPL": cpl, "ELEM": elem, "GRAN": gran, "CHECK": check, "DIVSTEPS": 1,
+                      **quantize_cuda.DEFAULT_TUNING})
     return out
 
 

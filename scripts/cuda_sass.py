@@ -95,7 +95,8 @@ def matrix() -> dict[str, tuple[str, str, dict[str, int]]]:
         out[f"decode {k}/{v} {json.dumps(extra, sort_keys=True)}"] = (
             paged_decode_cuda.SOURCE, paged_decode_cuda.KERNEL, decode_defines(k, v, extra))
     for elem, gran, cpl, check, d, h in QUANTIZE:
-        name = f"quantize elem={elem} gran={gran} cpl={cpl} check={check}" + ("" if (d, h) == (128, 8) else f" D={d} H={h}")
+        shape = "" if (d, h) == (128, 8) else f" D={d} H={h}"
+        name = f"quantize elem={elem} gran={gran} cpl={cpl} check={check}{shape}"
         out[name] = (quantize_cuda.SOURCE, quantize_cuda.KERNEL,
                      {"H": h, "P": 16, "D": d, "CPL": cpl, "ELEM": elem, "GRAN": gran, "CHECK": check, "DIVSTEPS": 1,
                       **quantize_cuda.DEFAULT_TUNING})

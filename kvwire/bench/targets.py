@@ -94,7 +94,8 @@ def judge(bench: str, rows: list[dict]) -> list[dict]:
         for r in rows:
             if _applies(t, r):
                 value = r[t.metric]
-                out.append({"target": t.text, "format": r["format"], "kernel": r.get("kernel", r.get("backend", "triton")),
+                kernel = r.get("kernel", r.get("backend", "triton"))
+                out.append({"target": t.text, "format": r["format"], "kernel": kernel,
                             "metric": t.metric, "value": value, "minimum": t.minimum, "met": value >= t.minimum})
     return out
 

@@ -36,7 +36,8 @@ def _unpack_ptx(regs: str, arrange: str, halves: tuple[str, str, str, str], scal
     ``scales[0]`` for $0 and $2, ``scales[1]`` for $1 and $3."""
     convert = "".join(f"        cvt.rn.f16x2.e4m3x2 ${i}, {h};\n" for i, h in enumerate(halves))
     scale = "".join(f"        mul.rn.f16x2 ${i}, ${i}, {scales[i % 2]};\n" for i in range(4))
-    return f"{{\n        .reg .b32 {regs};\n        .reg .b16 {', '.join(halves)};{_E2M1_TO_E4M3_PTX}{arrange}{convert}{scale}}}"
+    head = f"{{\n        .reg .b32 {regs};\n        .reg .b16 {', '.join(halves)};"
+    return f"{head}{_E2M1_TO_E4M3_PTX}{arrange}{convert}{scale}}}"
 
 
 # -> (even d, odd d): the low nibbles' pairs, then the high nibbles', times block scales $5 / $6

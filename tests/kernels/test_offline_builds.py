@@ -80,7 +80,8 @@ def model_op_launches(monkeypatch) -> list:
 def assert_builds(launches: list, capability: tuple[int, int]) -> list[dict]:
     assert launches, "nothing was launched"
     results = build_all([(launch, capability) for launch in launches])
-    failed = [f"{launch.kernel.fn.__name__}: {res['error']}" for launch, res in zip(launches, results) if "error" in res]
+    failed = [f"{launch.kernel.fn.__name__}: {res['error']}"
+              for launch, res in zip(launches, results) if "error" in res]
     assert not failed, f"does not build for sm_{capability[0]}{capability[1]}:\n" + "\n".join(failed)
     return results
 

@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 
 from tests.k8s.render import K8S, ROOT, find, render_cached
-from tests.ray_head import BIN, ray_head
+from tests.ray_head import BIN, SUBMITTED, job_outcome, plain, ray_head, submit_job
 
 GUIDE = ROOT / "docs" / "deploy.md"
 MARK = "<!-- tests/k8s/test_ray_job_submit.py runs the next command"
@@ -42,7 +42,7 @@ def test_guide_ray_job_submit_runs_on_a_local_head(ray_head_fixture) -> None:
     assert argv[argv.index("--address") + 1] == "http://127.0.0.1:8265", "the guide's port-forwarded dashboard"
     argv[argv.index("--address") + 1] = url
     argv[0] = str(BIN / "ray")
-    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    out = submit_job(argv, env, timeout=120)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "succeeded" in (out.stdout + out.stderr).lower()
     assert '"bytes_per_token"' in out.stdout, "the job's output (kvwire formats --json) is streamed back"
@@ -56,3 +56,12 @@ def test_guide_ray_job_submit_runs_on_a_local_head(ray_head_fixture) -> None:
     for base, path in ((url, head_probe["path"]), (f"http://127.0.0.1:{agent}", worker_probe["path"])):
         with urllib.request.urlopen(base + path, timeout=10) as r:
             assert r.status == 200 and r.read().strip() == b"success", path
+
+    # What submit_job falls back on when `ray job submit` loses its log stream: the job's own
+    # status and log, here for a job submitted without following it.
+    quick = [str(BIN / "ray"), "job", "submit", "--address", url, "--no-wait", "--", "python", "-c", "print(6 * 7)"]
+    sub = subprocess.run(quick, env=env, capture_output=True, text=True, timeout=120)
+    job = SUBMITTED.search(plain(sub.stdout + sub.stderr))
+    assert sub.returncode == 0 and job, sub.stdout[-2000:] + sub.stderr[-2000:]
+    state, logs = job_outcome(str(BIN / "ray"), url, job.group(1), env, timeout=60)
+    assert state == "SUCCEEDED" and "42" in logs, (state, logs[-2000:])

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.ray_head import BIN, ray_head
+from tests.ray_head import BIN, ray_head, submit_job
 from tests.router.conftest import ROOT, start_serve
 from tests.validate.conftest import TINY_SWEEP
 
@@ -71,16 +71,14 @@ def test_sweep_as_ray_job(tmp_path, inprocess):
     out = tmp_path / "job"
     with ray_head(num_cpus=4, dashboard=True) as head:
         submit = [str(BIN / "ray"), "job", "submit", "--address", head.dashboard_url, "--working-dir", "."]
-        run = subprocess.run(submit + ["--", "python", "-m", "kvwire.validate", "--backend", "ray", *SWEEP,
-                                       "--out", str(out), "--print-report"],
-                             cwd=ROOT, env=head.env, capture_output=True, text=True, timeout=900)
+        run = submit_job(submit + ["--", "python", "-m", "kvwire.validate", "--backend", "ray", *SWEEP,
+                                   "--out", str(out), "--print-report"], head.env, timeout=900, cwd=ROOT)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         assert "recommendation:" in run.stdout and "## Recommendation" in run.stdout, "report in the job log"
         # The working dir is uploaded without what .gitignore names (the venv above all).
-        probe = subprocess.run(submit + ["--", "python", "-c",
-                                         "import os; print('venv-uploaded', os.path.isdir('.venv'), "
-                                         "os.path.isfile('kvwire/validate/cli.py'))"],
-                               cwd=ROOT, env=head.env, capture_output=True, text=True, timeout=300)
+        probe = submit_job(submit + ["--", "python", "-c",
+                                     "import os; print('venv-uploaded', os.path.isdir('.venv'), "
+                                     "os.path.isfile('kvwire/validate/cli.py'))"], head.env, timeout=300, cwd=ROOT)
         assert "venv-uploaded False True" in probe.stdout, probe.stdout[-2000:] + probe.stderr[-2000:]
     data = check_outputs(out, inprocess)
     assert "Ray pools" in data["meta"]["backend"]

@@ -3,8 +3,8 @@
 The emulator (test_cuda_emulator.py) runs what the kernels compute, with its own stand-ins for the
 PTX primitives, so a PTX instruction an architecture lacks, or a ring that no longer fits, would
 first fail inside a GPU worker. Here every configuration of scripts/cuda_sass.py (decode formats x
-tuning variants, quantise formats) goes through NVRTC and ptxas for sm_89 (Ada: no bulk-copy ring)
-and sm_90 (Hopper), as kvwire builds them there; sm_86 must fail, which is why
+tuning variants, quantise formats) goes through NVRTC and ptxas for sm_89 (Ada: no bulk-copy ring),
+sm_90 (Hopper) and sm_100 (Blackwell), as kvwire builds them there; sm_86 must fail, which is why
 kvwire.kernels.device_support asks for sm_89 before compact pages are placed on a GPU."""
 import re
 import subprocess
@@ -36,8 +36,8 @@ def succeeded(r: subprocess.CompletedProcess) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
-def test_every_configuration_builds_for_ada_and_hopper():
-    r = build("sm_89", "sm_90")
+def test_every_configuration_builds_for_ada_hopper_and_blackwell():
+    r = build("sm_89", "sm_90", "sm_100")
     ok, total = succeeded(r)
     assert r.returncode == 0 and ok == total >= 80, r.stdout[-3000:]
 

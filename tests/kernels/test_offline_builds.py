@@ -16,7 +16,7 @@ from .offline_build import Recorder, build_all
 
 pytestmark = pytest.mark.skipif(not interpreting(), reason="records launches in the interpreter (CPU runs)")
 
-AMPERE, ADA, HOPPER = (8, 0), (8, 9), (9, 0)
+AMPERE, ADA, HOPPER, BLACKWELL = (8, 0), (8, 9), (9, 0), (10, 0)
 
 
 def recorded(monkeypatch, module, *names) -> list[Recorder]:
@@ -108,6 +108,15 @@ def test_compact_pages_build_from_ada_on(monkeypatch, fmt, capability, head_dim)
     launches = (chunk_launches(monkeypatch, fmt, fp8_cores=True, head_dim=head_dim)
                 + decode_launches(monkeypatch, fmt) + quantize_launches(monkeypatch, fmt, head_dim))
     assert_builds(launches, capability)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8-token/nvfp4"])
+def test_blackwell_builds(monkeypatch, fmt):
+    """sm_100 passes every capability check (device_support, the CUDA kernels' sm_89+ and sm_90+
+    paths), so a B200 would run all of this: the default pages and the likely sweet spot."""
+    launches = (chunk_launches(monkeypatch, fmt, fp8_cores=fmt != "bf16") + decode_launches(monkeypatch, fmt)
+                + quantize_launches(monkeypatch, fmt))
+    assert_builds(launches, BLACKWELL)
 
 
 def test_the_launches_built_are_the_gpus(monkeypatch):

@@ -89,9 +89,10 @@ for d in json.loads(sys.argv[1]):
 """
 
 
-def build_all(launches: list[tuple[Launch, tuple[int, int]]]) -> list[dict]:
-    """Compile each (launch, capability) for sm_<capability> in one child process; returns per
-    build {"shared": bytes of shared memory} or {"error": the compiler's last line}."""
+def build_all(launches: list[tuple[Launch, tuple[int, int]]], processes: int = 2) -> list[dict]:
+    """Compile each (launch, capability) for sm_<capability>, spread over ``processes`` child
+    processes (a build is single-threaded; CI has two cores); returns per build {"shared": bytes of
+    shared memory} or {"error": the compiler's last line}."""
     import json
     import os
     import subprocess
@@ -101,12 +102,17 @@ def build_all(launches: list[tuple[Launch, tuple[int, int]]]) -> list[dict]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH"))
                                         if p)
     todo = [describe(launch, cc) for launch, cc in launches]
-    r = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(todo)], capture_output=True, text=True, env=env,
-                       timeout=900)
-    results = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
-    if r.returncode or len(results) != len(todo):
-        raise RuntimeError(f"the offline build process failed:\n{r.stderr[-2000:]}")
-    return results
+    parts = [todo[i::processes] for i in range(processes) if todo[i::processes]]
+    children = [subprocess.Popen([sys.executable, "-c", _CHILD, json.dumps(part)], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, env=env) for part in parts]
+    done = []
+    for child, part in zip(children, parts):
+        out, err = child.communicate(timeout=900)
+        results = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        if child.returncode or len(results) != len(part):
+            raise RuntimeError(f"an offline build process failed:\n{err[-2000:]}")
+        done.append(results)
+    return [done[i % len(parts)][i // len(parts)] for i in range(len(todo))]
 
 
 def build(launch: Launch, capability: tuple[int, int]) -> dict:

@@ -68,12 +68,15 @@ def quantize_launches(monkeypatch, fmt: str, head_dim: int = 128) -> list:
 
 
 def model_op_launches(monkeypatch) -> list:
+    """RMSNorm and RoPE as the model runs them on a GPU: bf16 activations, and fp32 ones (a model
+    loaded in float32 keeps the fused ops too, ``model_ops.fused_ops_for``)."""
     recs = recorded(monkeypatch, model_ops, "_add_rms_norm_kernel", "_rope_split_kernel")
     gen = torch.Generator().manual_seed(2)
-    h = torch.randn((5, 576), generator=gen).to(torch.bfloat16)
-    model_ops.add_rms_norm(h, h.clone(), torch.ones(576, dtype=torch.bfloat16), 1e-5)
-    cos = torch.randn((5, 64), generator=gen).to(torch.bfloat16)
-    model_ops.rope_split(torch.randn((5, 15 * 64), generator=gen).to(torch.bfloat16), cos, cos.clone(), 9, 3, 64)
+    for dtype in (torch.bfloat16, torch.float32):
+        h = torch.randn((5, 576), generator=gen).to(dtype)
+        model_ops.add_rms_norm(h, h.clone(), torch.ones(576, dtype=dtype), 1e-5)
+        cos = torch.randn((5, 64), generator=gen).to(dtype)
+        model_ops.rope_split(torch.randn((5, 15 * 64), generator=gen).to(dtype), cos, cos.clone(), 9, 3, 64)
     return [launch for rec in recs for launch in rec.launches]
 
 

@@ -65,7 +65,7 @@ def load_nvrtc() -> None:
 def cubin(source_file: str, kernel: str, defines: dict[str, int], arch: str = "sm_90") -> bytes:
     """One configuration built for ``arch`` as kvwire builds it there (no bulk-copy ring before
     sm_90, as ``paged_decode_cuda.kernel_for``); raises RuntimeError with NVRTC's log."""
-    if source_file == paged_decode_cuda.SOURCE and arch < "sm_90":
+    if source_file == paged_decode_cuda.SOURCE and int(arch.removeprefix("sm_").rstrip("a")) < 90:
         defines = {**defines, "STAGES": 0}
     return nvrtc.compile_cubin((nvrtc.CUDA_SOURCE_DIR / source_file).read_text(), kernel,
                                [f"-D{k}={v}" for k, v in defines.items()], arch)
@@ -131,16 +131,16 @@ def main() -> None:
     args = ap.parse_args()
     load_nvrtc()
     if args.cmd == "build":
-        failed = 0
+        failed, configs = 0, matrix()
         for arch in args.arch:
-            for name, (src, kern, defines) in matrix().items():
+            for name, (src, kern, defines) in configs.items():
                 try:
                     cubin(src, kern, defines, arch)
                 except RuntimeError as e:
                     failed += 1
                     errors = [line for line in str(e).splitlines() if "error" in line]
                     print(f"{arch} {name}: does not build: {(errors or [str(e)])[0].strip()}", flush=True)
-        total = len(args.arch) * len(matrix())
+        total = len(args.arch) * len(configs)
         print(f"{total - failed} of {total} builds succeeded ({', '.join(args.arch)})")
         sys.exit(1 if failed else 0)
     if args.cmd == "loop":

@@ -22,8 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.local_ray import RAY_ENV
+
 BIN = Path(sys.executable).parent
-ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+ENV = {**RAY_ENV, "RAY_USAGE_STATS_ENABLED": "0"}
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,8 @@ _E2M1_TO_E4M3_PTX = """
         and.b32 t, $4, 0x80808080;
         or.b32 hi, hi, t;
 """
+
+
 def _unpack_ptx(regs: str, arrange: str, halves: tuple[str, str, str, str], scales: tuple[str, str]) -> str:
     """An unpacker's PTX: the placement, ``arrange`` (moves ``lo``/``hi`` into the 16-bit ``halves``),
     then each half converted E4M3x2 -> f16x2 into $0..$3 and multiplied by its scale register:

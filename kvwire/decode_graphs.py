@@ -21,8 +21,8 @@ Memory: the graphs share one memory pool, and each graph copies its logits into 
 buffer shared by all (sized for the largest bucket the tail pool allows) instead of keeping its
 own. A graph's intermediates are free once it ends, so the next capture reuses them; what every
 extra bucket keeps is its few input buffers. Without the shared output, each of the up to 14 x
-(widths) buckets would hold its own [rows, vocab] fp32 logits (about 1 GB at 8k context for
-SmolLM2's vocabulary).
+(widths) buckets would hold its own [rows, vocab] fp32 logits (by arithmetic, about 1 GB at 8k
+context for SmolLM2's vocabulary).
 
 ``capture=False`` runs the same padded, fixed-shape step eagerly: what the tests check on the CPU
 against the plain forward, and a fallback where capture is unavailable.

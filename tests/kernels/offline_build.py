@@ -106,12 +106,18 @@ def build_all(launches: list[tuple[Launch, tuple[int, int]]], processes: int = 2
     children = [subprocess.Popen([sys.executable, "-c", _CHILD, json.dumps(part)], stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True, env=env) for part in parts]
     done = []
-    for child, part in zip(children, parts):
-        out, err = child.communicate(timeout=900)
-        results = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-        if child.returncode or len(results) != len(part):
-            raise RuntimeError(f"an offline build process failed:\n{err[-2000:]}")
-        done.append(results)
+    try:
+        for child, part in zip(children, parts):
+            out, err = child.communicate(timeout=900)
+            results = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+            if child.returncode or len(results) != len(part):
+                raise RuntimeError(f"an offline build process failed:\n{err[-2000:]}")
+            done.append(results)
+    finally:
+        for child in children:          # a failed or timed-out build leaves no compiler behind
+            if child.poll() is None:
+                child.kill()
+                child.communicate()
     return [done[i % len(parts)][i // len(parts)] for i in range(len(todo))]
 
 

@@ -130,7 +130,7 @@ def quantize_pages(x: torch.Tensor, fmt: TensorFormat,
 
 def _quantize_fp8(xh: torch.Tensor, gran: Granularity,
                   static_scale: torch.Tensor | None) -> dict[str, torch.Tensor]:
-    n, h = xh.shape[0], xh.shape[1]
+    h = xh.shape[1]
     if gran is Granularity.TOKEN:
         scale = _scale_from_amax(xh.abs().amax(dim=-1), FP8_MAX)          # [n, H, P]
         return {"data": fp8_encode(xh / scale[..., None]), "token_scale": scale}

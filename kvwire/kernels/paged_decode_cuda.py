@@ -53,8 +53,6 @@ MIN_PAGES_PER_WARP = 8
 #   STAGES one bulk copy per section for the whole block); 0: a block is NW warps of one KV head
 #   taking turns over the pages, merged in the block. NW is then the largest divisor of H up to
 #   NW. REFILL_LAG: with STAGES, how far the block ring's slowest warp may trail (1 <= .. < STAGES).
-# - LDHINT = an L2 prefetch-size hint on the page loads from global memory (cuda/ptx_common.cuh):
-#   1 = 128 bytes, 2 = 256 bytes per miss; 0 = none. Not yet measured (2026-12-05).
 # - PROBE_LOADS = 1 builds a timing probe of the memory path (no attention, meaningless output);
 #   only sweeps set it (scripts/gpu/cuda_decode.sh VARIANTS).
 DEFAULT_TUNING: dict[str, int] = {"DEPTH": 1, "MINB": 5, "PREF": 0, "LAZYMAX": 5, "QSMEM": 1, "SCALESHFL": 1,

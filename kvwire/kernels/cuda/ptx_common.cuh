@@ -42,22 +42,9 @@ __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
     return r;
 }
-// Streaming loads of page data: read once, so no L1 allocation. LDHINT (a tuning variant, 0 by
-// default) adds an L2 prefetch-size hint to them: 1 and 2 ask L2 to fetch 128 or 256 bytes per miss
-// (sm_75+ PTX; a hint, so the bytes read are the same). (L2::evict_first needs 256-bit loads.)
-#ifndef LDHINT
-#define LDHINT 0
-#endif
-#if LDHINT == 1
-#define LD_STREAM "ld.global.nc.L1::no_allocate.L2::128B"
-#elif LDHINT == 2
-#define LD_STREAM "ld.global.nc.L1::no_allocate.L2::256B"
-#else
-#define LD_STREAM "ld.global.nc.L1::no_allocate"
-#endif
-// 16 bytes from global memory, streamed.
+// 16 bytes from global memory read once (no L1 allocation).
 __device__ __forceinline__ void ld16(const u8* p, u32* r) {
-    asm volatile(LD_STREAM ".v4.u32 {%0,%1,%2,%3}, [%4];"
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(p));
 }
 // The 32-bit shared-memory address of a __shared__ object (what ld.shared and the bulk copies take).

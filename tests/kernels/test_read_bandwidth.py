@@ -32,3 +32,15 @@ def test_tile_maxima_on_the_gpu():
 def test_tile_maxima_rejects_what_it_cannot_read(x):
     with pytest.raises(ValueError, match="contiguous fp32"):
         tile_maxima(x)
+
+
+@pytest.mark.skipif(not interpreting(), reason="records the launch in the interpreter (CPU runs)")
+def test_the_read_pass_builds_for_hopper_and_ampere(monkeypatch):
+    from kvwire.bench import read_bandwidth
+
+    from .offline_build import Recorder, build_all
+    rec = Recorder(read_bandwidth._tile_max_kernel)
+    monkeypatch.setattr(read_bandwidth, "_tile_max_kernel", rec)
+    tile_maxima(torch.randn(2 * TILE))
+    (launch,) = rec.launches
+    assert all("error" not in r for r in build_all([(launch, (9, 0)), (launch, (8, 0))]))

@@ -13,7 +13,7 @@ lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sector_op_read_hit_rate.pct \
 """
 from __future__ import annotations
 
-import sys
+import argparse
 
 import torch
 
@@ -32,9 +32,16 @@ def measured(label: str, fn) -> None:
     print(f"ran {label}", flush=True)
 
 
-def main(argv: list[str]) -> None:
-    batch, ctx = parse_shape(argv[0] if argv else "32x32k")
-    names = argv[1].split(",") if len(argv) > 1 else ["fp8-token", "fp8-tensor", "nvfp4", "fp8-token/nvfp4"]
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("shape", nargs="?", default="32x32k", help="BATCHxCONTEXT (default 32x32k)")
+    ap.add_argument("formats", nargs="?", default="fp8-token,fp8-tensor,nvfp4,fp8-token/nvfp4",
+                    help="comma-separated KV formats")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("read_bytes.py needs a CUDA GPU (run it on the GPU machine, under ncu)")
+    batch, ctx = parse_shape(args.shape)
+    names = args.formats.split(",")
     gen = torch.Generator(device="cuda").manual_seed(1)
     k = torch.randn((batch, HKV, ctx, D), device="cuda", generator=gen).to(torch.bfloat16)
     v = torch.randn((batch, HKV, ctx, D), device="cuda", generator=gen).to(torch.bfloat16)
@@ -54,4 +61,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

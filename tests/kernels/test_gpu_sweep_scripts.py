@@ -1,4 +1,4 @@
-"""The GPU sweep scripts (scripts/gpu/*_sweep.py) import what they use from kvwire and explain
+"""The GPU sweep scripts (scripts/gpu/*_sweep.py, read_bytes.py) import what they use from kvwire and explain
 themselves: they only run on a GPU machine, so without this a rename in kvwire would first show up
 there, in a device call. Without CUDA they stop with a clear message before timing anything."""
 import os
@@ -30,4 +30,12 @@ def test_help_names_every_kind(name):
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
 def test_without_cuda_it_says_so(name):
     r = script(name, *SCRIPTS[name])
+    assert r.returncode != 0 and "needs a CUDA GPU" in r.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU message")
+def test_read_bytes_explains_itself_and_needs_a_gpu():
+    r = script("read_bytes.py", "--help")
+    assert r.returncode == 0 and "ncu" in r.stdout and "DRAM" in r.stdout, r.stderr
+    r = script("read_bytes.py", "1x1k", "fp8-token")
     assert r.returncode != 0 and "needs a CUDA GPU" in r.stderr

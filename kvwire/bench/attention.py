@@ -6,9 +6,8 @@ reads (K and V sections of every page plus the bf16 tail); the effective TB/s; t
 bytes over the read bandwidth measured in the same run: the fastest of a 4 GiB read pass and bf16
 SDPA at each shape, see read_bandwidth.py) and the fraction of it reached; the JSON also keeps the
 floor against a device-to-device copy (read + write), as earlier runs reported it; the speedup
-against torch SDPA on contiguous bf16
-KV and against "dequantise with the torch reference, then SDPA"; and the kernel's error against
-that dequantised SDPA.
+against torch SDPA on contiguous bf16 KV and against "dequantise with the torch reference, then
+SDPA"; and the kernel's error against that dequantised SDPA.
 
 Pools are built at the needed size directly: a few hundred pages are quantised from random data
 with ``write_pages`` and then tiled over the pool (distinct addresses, so every page is a real

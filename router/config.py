@@ -8,7 +8,7 @@ not silently fall back to a default). Example (TOML)::
     [router]
     host = "127.0.0.1"
     port = 50051
-    metrics_port = 9464
+    metrics_port = 9464    # 0 turns /metrics off; "any" lets the OS pick a free port (printed at start)
     max_inflight = 32      # requests on the workers at once
     max_queue = 64         # requests waiting beyond that; more get RESOURCE_EXHAUSTED
     default_pool = "smollm2-bf16"
@@ -101,11 +101,18 @@ class PoolConfig:
         return None if self.gpus_per_worker == "auto" else float(self.gpus_per_worker)
 
 
+METRICS_ANY_PORT = "any"
+
+
+def _is_port(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 65536
+
+
 @dataclass(frozen=True)
 class RouterConfig:
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
-    metrics_port: int = DEFAULT_METRICS_PORT      # 0 = no metrics endpoint
+    metrics_port: int | str = DEFAULT_METRICS_PORT   # 0 = no metrics endpoint; "any" = a free port
     max_inflight: int = 32
     max_queue: int = 64
     default_pool: str | None = None
@@ -113,10 +120,11 @@ class RouterConfig:
     max_attempts: int = 2                         # a request whose prefill worker dies is retried once
 
     def __post_init__(self) -> None:
-        for key in ("port", "metrics_port"):
-            value = getattr(self, key)
-            if not isinstance(value, int) or not 0 <= value < 65536:
-                raise ConfigError(f"router.{key} must be a port number (0-65535), got {value!r}")
+        if not _is_port(self.port):
+            raise ConfigError(f"router.port must be a port number (0-65535), got {self.port!r}")
+        if not (_is_port(self.metrics_port) or self.metrics_port == METRICS_ANY_PORT):
+            raise ConfigError("router.metrics_port must be a port number (0-65535; 0 turns /metrics off) "
+                              f"or {METRICS_ANY_PORT!r}, got {self.metrics_port!r}")
         if not isinstance(self.max_inflight, int) or self.max_inflight < 1:
             raise ConfigError(f"router.max_inflight must be at least 1, got {self.max_inflight!r}")
         if not isinstance(self.max_queue, int) or self.max_queue < 0:

@@ -21,7 +21,7 @@ from grpc_reflection.v1alpha import reflection
 
 from kvwire.model.registry import load_model_config, load_tokenizer
 from router.api import router_pb2, router_pb2_grpc
-from router.config import ServeConfig
+from router.config import METRICS_ANY_PORT, ServeConfig
 from router.metrics import RouterMetrics
 from router.pool import WorkerPool
 from router.service import RouterService
@@ -154,7 +154,9 @@ async def _serve(config: ServeConfig, progress: Callable[[str], None], ready: Fu
         await server.start()
         for name in ("", SERVICE_NAME):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-        metrics_port = metrics.serve(rc.host, rc.metrics_port) if rc.metrics_port else 0
+        metrics_port = 0
+        if rc.metrics_port:
+            metrics_port = metrics.serve(rc.host, 0 if rc.metrics_port == METRICS_ANY_PORT else rc.metrics_port)
         gauges = asyncio.get_running_loop().create_task(service.refresh_gauges())
         ready.set_result((f"{rc.host}:{port}", metrics_port))
         await stop.wait()

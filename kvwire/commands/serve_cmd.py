@@ -27,7 +27,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="join this Ray cluster (e.g. head-svc:6379 or 'auto') instead of starting one")
     p.add_argument("--host", help="address to listen on (default 127.0.0.1; 0.0.0.0 in a container)")
     p.add_argument("--port", type=int, help="gRPC port (default 50051)")
-    p.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (default 9464; 0 turns it off)")
+    p.add_argument("--metrics-port", type=metrics_port_arg, metavar="PORT|any",
+                   help="Prometheus /metrics port (default 9464; 0 turns it off; 'any' lets the OS pick a "
+                        "free one, printed at start)")
     p.add_argument("--kv-format", help="KV format of the default pool when no --config (default bf16)")
     p.add_argument("--device", help="worker device when no --config: auto, cpu or cuda (default auto)")
     p.add_argument("--num-pages", type=int, help="KV pages per worker when no --config (default: engine's)")
@@ -35,6 +37,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="GPU decode steps replayed from CUDA graphs, when no --config (default on; "
                         "--no-cuda-graphs runs every step eagerly)")
     p.set_defaults(run=run)
+
+
+def metrics_port_arg(text: str) -> int | str:
+    """--metrics-port's value: a port number or "any" (checked against 0-65535 by RouterConfig)."""
+    if text == "any":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number or 'any', got {text!r}") from None
 
 
 def build_config(args: argparse.Namespace):

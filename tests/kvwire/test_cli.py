@@ -23,6 +23,10 @@ def test_unknown_format_is_one_line_exit_2():
     assert_one_line_error(kvwire("generate", "--kv-format", "fp4", "hello"), "fp4", "fp8-token", "nvfp4")
 
 
+def test_serve_with_a_bad_metrics_port_is_one_line_exit_2():
+    assert_one_line_error(kvwire("serve", "--metrics-port", "70000"), "metrics_port", "'any'", "70000")
+
+
 def test_empty_prompt_is_one_line_exit_2():
     assert_one_line_error(kvwire("generate", "   "), "empty")
 

@@ -58,6 +58,9 @@ def test_defaults_serve_smollm2_bf16():
     ({"pools": [{"name": "p"}, {"name": "p"}]}, ["unique", "p"]),
     ({"router": {"default_pool": "x"}, "pools": [{"name": "p"}]}, ["default_pool", "x"]),
     ({"router": {"port": 70000}}, ["port"]),
+    ({"router": {"port": "any"}}, ["router.port"]),
+    ({"router": {"metrics_port": "auto"}}, ["metrics_port", "'any'", "'auto'"]),
+    ({"router": {"metrics_port": True}}, ["metrics_port"]),
     ({"pools": [{"name": "p", "gpus_per_worker": "two"}]}, ["gpus_per_worker"]),
     ({"pools": [{"name": "p", "transport": "tcp"}]}, ["transport"]),
     ({"pools": []}, ["at least one pool"]),
@@ -103,3 +106,7 @@ def test_auto_gpus_share_one_gpu(monkeypatch):
     assert auto_gpus_per_worker(ServeConfig()) == 0.0
     assert WorkerFactory(PoolConfig("c", device="cpu"), auto_gpus=0.5).num_gpus == 0.0
     assert WorkerFactory(PoolConfig("g", gpus_per_worker=0.25), auto_gpus=0.5).num_gpus == 0.25
+
+
+def test_metrics_port_any_is_accepted():
+    assert parse_config({"router": {"metrics_port": "any"}}).router.metrics_port == "any"

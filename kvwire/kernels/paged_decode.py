@@ -325,13 +325,30 @@ def paged_decode_attention(q: torch.Tensor, storage: torch.Tensor, page_format: 
             HW=hw, PREC="tf32" if hw else "ieee", NV_ASM=nvfp4_asm, K_FP8_ASM=k_fp8_asm, V_FP8_ASM=v_fp8_asm,
             num_warps=nw, num_stages=ns,
         )
-    tail16 = tail.view(torch.int16)
     pdl = cuda_kernel is not None and paged_decode_cuda.dependent_launch(dev)
+    return reduce_splits(q, f, layer, tail, tail_slot, tail_len, (part_acc, part_m, part_l), splits, out, pdl)
+
+
+def reduce_splits(q: torch.Tensor, page_format: PageFormat, layer: int, tail: torch.Tensor,
+                  tail_slot: torch.Tensor, tail_len: torch.Tensor,
+                  parts: tuple[torch.Tensor, torch.Tensor, torch.Tensor], splits: int, out: torch.Tensor,
+                  pdl: bool, *, num_warps: int = 4, splits_per_iter: int = 64) -> torch.Tensor:
+    """Launch ``_decode_reduce_kernel``: the bf16 tail attended and merged with the split partials
+    (acc, m, l) into ``out``. ``pdl``: launched as a programmatic dependent of the CUDA split kernel
+    just launched. The keyword arguments tune the launch (scripts/gpu/reduce_parts.py times them)."""
+    f = page_format
+    bsz, hq, d = q.shape
+    block_d = pow2(d)
+    if ElementType.NVFP4 in (f.kv.key.element, f.kv.value.element):
+        block_d = max(block_d, 32)
+    tail16 = tail.view(torch.int16)
+    part_acc, part_m, part_l = parts
     _decode_reduce_kernel[(bsz * hq,)](
         q, *q.stride(), tail16, *tail16.stride(), tail_slot, tail_len, part_acc, part_m, part_l,
-        out, *out.stride(), layer, splits, qk_scale,
-        H=h, G=g, P=f.page_size, BLOCK_P=pow2(f.page_size), D=d, BLOCK_D=block_d,
-        SB=min(64, pow2(splits)), PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}),
+        out, *out.stride(), layer, splits, LOG2E / math.sqrt(d),
+        H=f.num_kv_heads, G=hq // f.num_kv_heads, P=f.page_size, BLOCK_P=pow2(f.page_size), D=d,
+        BLOCK_D=block_d, SB=min(splits_per_iter, pow2(splits)), PDL=pdl, num_warps=num_warps,
+        **({"launch_pdl": True} if pdl else {}),
     )
     return out
 

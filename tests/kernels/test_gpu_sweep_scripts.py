@@ -39,3 +39,11 @@ def test_read_bytes_explains_itself_and_needs_a_gpu():
     assert r.returncode == 0 and "ncu" in r.stdout and "DRAM" in r.stdout, r.stderr
     r = script("read_bytes.py", "1x1k", "fp8-token")
     assert r.returncode != 0 and "needs a CUDA GPU" in r.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU message")
+def test_reduce_parts_explains_itself_and_needs_a_gpu():
+    r = script("reduce_parts.py", "--help")
+    assert r.returncode == 0 and "GPU machine" in r.stdout and "reduce" in r.stdout, r.stderr
+    r = script("reduce_parts.py", "1x1k", "fp8-token")
+    assert r.returncode != 0 and "needs a CUDA GPU" in r.stderr

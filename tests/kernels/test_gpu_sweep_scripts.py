@@ -34,16 +34,9 @@ def test_without_cuda_it_says_so(name):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU message")
-def test_read_bytes_explains_itself_and_needs_a_gpu():
-    r = script("read_bytes.py", "--help")
-    assert r.returncode == 0 and "ncu" in r.stdout and "DRAM" in r.stdout, r.stderr
-    r = script("read_bytes.py", "1x1k", "fp8-token")
-    assert r.returncode != 0 and "needs a CUDA GPU" in r.stderr
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU message")
-def test_reduce_parts_explains_itself_and_needs_a_gpu():
-    r = script("reduce_parts.py", "--help")
-    assert r.returncode == 0 and "GPU machine" in r.stdout and "reduce" in r.stdout, r.stderr
-    r = script("reduce_parts.py", "1x1k", "fp8-token")
+@pytest.mark.parametrize("name, words", [("read_bytes.py", ["ncu", "DRAM"]), ("reduce_parts.py", ["reduce", "split"])])
+def test_single_purpose_scripts_explain_themselves_and_need_a_gpu(name, words):
+    r = script(name, "--help")
+    assert r.returncode == 0 and "GPU machine" in r.stdout and all(w in r.stdout for w in words), r.stderr
+    r = script(name, "1x1k", "fp8-token")
     assert r.returncode != 0 and "needs a CUDA GPU" in r.stderr

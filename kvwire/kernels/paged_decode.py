@@ -332,10 +332,11 @@ def paged_decode_attention(q: torch.Tensor, storage: torch.Tensor, page_format: 
 def reduce_splits(q: torch.Tensor, page_format: PageFormat, layer: int, tail: torch.Tensor,
                   tail_slot: torch.Tensor, tail_len: torch.Tensor,
                   parts: tuple[torch.Tensor, torch.Tensor, torch.Tensor], splits: int, out: torch.Tensor,
-                  pdl: bool, *, num_warps: int = 4, splits_per_iter: int = 64) -> torch.Tensor:
+                  pdl: bool, *, num_warps: int = 2, splits_per_iter: int = 64) -> torch.Tensor:
     """Launch ``_decode_reduce_kernel``: the bf16 tail attended and merged with the split partials
     (acc, m, l) into ``out``. ``pdl``: launched as a programmatic dependent of the CUDA split kernel
-    just launched. The keyword arguments tune the launch (scripts/gpu/reduce_parts.py times them)."""
+    just launched. The keyword arguments tune the launch (scripts/gpu/reduce_parts.py times them):
+    2 warps per program beat 4 and 8 at 32x32k on an H100 (docs/benchmarks.md, 2026-12-05)."""
     f = page_format
     bsz, hq, d = q.shape
     block_d = pow2(d)

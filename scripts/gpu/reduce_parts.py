@@ -5,8 +5,9 @@ log-sum-exp merge of the partials), the reduce launched as a programmatic depend
 Under ncu (L2 flushed, launches serialised) the reduce took 14 us at 32x32k on an H100, 25% of
 DRAM bandwidth, against 755 us for the split: ~2% of the step. Each point here is graph-timed
 over rotated copies (as `kvwire bench attention` times): the whole step as shipped, the split
-kernel alone, the reduce alone (on partials left by the split), and split + reduce for each
-reduce launch (warps x splits merged per loop iteration, dependent launch on or off).
+kernel alone, the reduce alone (on partials left by the split), the whole step with each reduce
+warp count (two interleaved rounds), and split + reduce on preallocated partials for each reduce
+launch (warps x splits merged per loop iteration, dependent launch on or off).
 
 Usage (GPU machine, repo root, PYTHONPATH=$PWD):
     python3 scripts/gpu/reduce_parts.py 32x32k fp8-token,nvfp4 "2 4 8" "16 64"
@@ -14,6 +15,7 @@ Usage (GPU machine, repo root, PYTHONPATH=$PWD):
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 
 import torch
@@ -22,6 +24,7 @@ from kvwire.bench.attention import build_problem, parse_shape, rotated_copies, t
 from kvwire.formats import KVFormat, PageFormat
 from kvwire.kernels import paged_decode_cuda as pdc
 from kvwire.kernels._common import part_offsets, static_arg
+from kvwire.kernels import paged_decode
 from kvwire.kernels.paged_decode import LOG2E, paged_decode_attention, reduce_splits
 
 HQ, HKV, D = 32, 8, 128
@@ -84,6 +87,12 @@ def main() -> None:
 
         res = [point("shipped", lambda s: paged_decode_attention(*s.prob.args, out=s.prob.out, backend="cuda")),
                point("split-only", lambda s: s.split())]
+        for _ in range(2):           # the whole step as shipped, with each reduce warp count, interleaved
+            for w in (int(x) for x in args.warps.split()):
+                paged_decode.reduce_splits = functools.partial(reduce_splits, num_warps=w)
+                res.append(point(f"shipped-w{w}", lambda s: paged_decode_attention(*s.prob.args, out=s.prob.out,
+                                                                                   backend="cuda")))
+            paged_decode.reduce_splits = reduce_splits
         for s in steps:
             s.split()
         res.append(point("reduce-only", lambda s: s.reduce(False, 4, 64)))

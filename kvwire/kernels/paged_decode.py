@@ -155,19 +155,16 @@ def _decode_reduce_kernel(
     tail_slot_ptr, tail_len_ptr,
     part_acc_ptr, part_m_ptr, part_l_ptr,
     out_ptr, so_b, so_h, so_d,
-    layer, num_splits, qk_scale, row_done_ptr,
+    layer, num_splits, qk_scale,
     H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, BLOCK_P: tl.constexpr,
     D: tl.constexpr, BLOCK_D: tl.constexpr, SB: tl.constexpr, PDL: tl.constexpr = False,
-    ROW_WAIT: tl.constexpr = False,
 ):
     """One program per (sequence, query head): attend the bf16 tail, merge the split partials
     (SB at a time, log-sum-exp) and write the output row.
 
     PDL: launched as a programmatic dependent of the split kernel (which lets it start while the
     split kernel's last blocks run): q and the tail, written before the split kernel started, are
-    read first; the partials only after ``gdc_wait``. ROW_WAIT (a split kernel built with SIGNAL):
-    instead, wait until this row's count in ``row_done`` reaches ``num_splits`` (acquire), so the
-    merge need not wait for the split kernel's other rows."""
+    read first; the partials only after ``gdc_wait``."""
     pid = tl.program_id(0)
     hq = H * G
     b = pid // hq
@@ -195,11 +192,7 @@ def _decode_reduce_kernel(
     l_i = tl.sum(p, axis=0)
     acc = tl.sum(p[:, None] * v, axis=0)
 
-    if ROW_WAIT:
-        done = tl.atomic_add(row_done_ptr + b * H + h, 0, sem="acquire", scope="gpu")
-        while done < num_splits:
-            done = tl.atomic_add(row_done_ptr + b * H + h, 0, sem="acquire", scope="gpu")
-    elif PDL:
+    if PDL:
         gdc_wait()
     sp = tl.arange(0, SB)
     row0 = ((b * H + h).to(tl.int64) * num_splits) * G + g
@@ -311,12 +304,9 @@ def paged_decode_attention(q: torch.Tensor, storage: torch.Tensor, page_format: 
     part_l = partials((bsz * h * splits * g,), dev, hw)
     qk_scale = LOG2E / math.sqrt(d)
     hp = heads_per_program(h, g) if packed else 1
-    row_done = None
     if cuda_kernel is not None:
-        if paged_decode_cuda.signals(cuda_kernel):
-            row_done = torch.zeros(bsz * h, dtype=torch.int32, device=dev)
         paged_decode_cuda.split_partials(cuda_kernel, q, storage, f, layer, page_table, num_pages, static, part_acc,
-                                         part_m, part_l, splits, qk_scale, (kd, vd), row_done)
+                                         part_m, part_l, splits, qk_scale, (kd, vd))
     elif hp > 1:
         _decode_split_packed_kernel[(splits, bsz * (h // hp))](
             q, *q.stride(), storage, st16, st16, st32, page_table, page_table.stride(0), num_pages, static,
@@ -336,19 +326,16 @@ def paged_decode_attention(q: torch.Tensor, storage: torch.Tensor, page_format: 
             num_warps=nw, num_stages=ns,
         )
     pdl = cuda_kernel is not None and paged_decode_cuda.dependent_launch(dev)
-    return reduce_splits(q, f, layer, tail, tail_slot, tail_len, (part_acc, part_m, part_l), splits, out, pdl,
-                         row_done=row_done)
+    return reduce_splits(q, f, layer, tail, tail_slot, tail_len, (part_acc, part_m, part_l), splits, out, pdl)
 
 
 def reduce_splits(q: torch.Tensor, page_format: PageFormat, layer: int, tail: torch.Tensor,
                   tail_slot: torch.Tensor, tail_len: torch.Tensor,
                   parts: tuple[torch.Tensor, torch.Tensor, torch.Tensor], splits: int, out: torch.Tensor,
-                  pdl: bool, *, row_done: torch.Tensor | None = None, num_warps: int = 2,
-                  splits_per_iter: int = 64) -> torch.Tensor:
+                  pdl: bool, *, num_warps: int = 2, splits_per_iter: int = 64) -> torch.Tensor:
     """Launch ``_decode_reduce_kernel``: the bf16 tail attended and merged with the split partials
     (acc, m, l) into ``out``. ``pdl``: launched as a programmatic dependent of the CUDA split kernel
-    just launched. ``row_done``: the per-row counts of a SIGNAL split kernel, waited on per row
-    (with or without ``pdl``). The other keyword arguments tune the launch (scripts/gpu/reduce_parts.py times them):
+    just launched. The keyword arguments tune the launch (scripts/gpu/reduce_parts.py times them):
     2 warps per program beat 4 and 8 at 32x32k on an H100 (docs/benchmarks.md, 2026-12-05)."""
     f = page_format
     bsz, hq, d = q.shape
@@ -359,10 +346,9 @@ def reduce_splits(q: torch.Tensor, page_format: PageFormat, layer: int, tail: to
     part_acc, part_m, part_l = parts
     _decode_reduce_kernel[(bsz * hq,)](
         q, *q.stride(), tail16, *tail16.stride(), tail_slot, tail_len, part_acc, part_m, part_l,
-        out, *out.stride(), layer, splits, LOG2E / math.sqrt(d), part_m if row_done is None else row_done,
+        out, *out.stride(), layer, splits, LOG2E / math.sqrt(d),
         H=f.num_kv_heads, G=hq // f.num_kv_heads, P=f.page_size, BLOCK_P=pow2(f.page_size), D=d,
-        BLOCK_D=block_d, SB=min(splits_per_iter, pow2(splits)), PDL=pdl, ROW_WAIT=row_done is not None,
-        num_warps=num_warps,
+        BLOCK_D=block_d, SB=min(splits_per_iter, pow2(splits)), PDL=pdl, num_warps=num_warps,
         **({"launch_pdl": True} if pdl else {}),
     )
     return out

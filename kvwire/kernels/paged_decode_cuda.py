@@ -53,13 +53,10 @@ MIN_PAGES_PER_WARP = 8
 #   STAGES one bulk copy per section for the whole block); 0: a block is NW warps of one KV head
 #   taking turns over the pages, merged in the block. NW is then the largest divisor of H up to
 #   NW. REFILL_LAG: with STAGES, how far the block ring's slowest warp may trail (1 <= .. < STAGES).
-# - SIGNAL = 1: each block counts its row (sequence, KV head) done in a per-call counter after its
-#   partials (release), and the reduce kernel waits for its row's count (acquire) instead of the
-#   whole grid (griddepcontrol.wait), so rows done early are merged during the last wave.
 # - PROBE_LOADS = 1 builds a timing probe of the memory path (no attention, meaningless output);
 #   only sweeps set it (scripts/gpu/cuda_decode.sh VARIANTS).
 DEFAULT_TUNING: dict[str, int] = {"DEPTH": 1, "MINB": 5, "PREF": 0, "LAZYMAX": 5, "QSMEM": 1, "SCALESHFL": 1,
-                                  "STAGES": 0, "WHOLEPAGE": 0, "SIGNAL": 0}
+                                  "STAGES": 0, "WHOLEPAGE": 0}
 # Per (key, value) element type overrides of the defaults (none measured better today).
 FORMAT_TUNING: dict[tuple[ElementType, ElementType], dict[str, int]] = {}
 # Overrides on top of both, for benchmarks, sweeps and tests of other variants.
@@ -199,11 +196,6 @@ def dependent_launch(device: torch.device) -> bool:
     return DEPENDENT_LAUNCH and not emulated(device) and _capability(device) >= (9, 0)
 
 
-def signals(kernels: DecodeKernels) -> bool:
-    """Whether these split kernels count rows done (SIGNAL), so the reduce waits per row."""
-    return any(k is not None and bool(k.defines.get("SIGNAL")) for k in (kernels.regular, kernels.deep_grid))
-
-
 def default_splits(kernel: CudaKernel, batch: int, kv_heads: int, max_pages: int, device: torch.device) -> int:
     """Split count: the fewest splits whose blocks fill whole waves of the GPU best.
 
@@ -229,11 +221,8 @@ def default_splits(kernel: CudaKernel, batch: int, kv_heads: int, max_pages: int
 def split_partials(kernels: DecodeKernels, q: torch.Tensor, storage: torch.Tensor, page_format: PageFormat, layer: int,
                    page_table: torch.Tensor, num_pages: torch.Tensor, static: torch.Tensor,
                    part_acc: torch.Tensor, part_m: torch.Tensor, part_l: torch.Tensor, splits: int,
-                   qk_scale: float, offsets: tuple[tuple[int, ...], tuple[int, ...]],
-                   row_done: torch.Tensor | None = None) -> None:
-    """Fill the partials [B*H*splits*G, D] / [B*H*splits*G] exactly as the Triton split kernel does.
-    ``row_done``: int32 [B*H], zero, for kernels built with SIGNAL (see ``signals``): each
-    (sequence, KV head) row reaches ``splits`` when its partials are written."""
+                   qk_scale: float, offsets: tuple[tuple[int, ...], tuple[int, ...]]) -> None:
+    """Fill the partials [B*H*splits*G, D] / [B*H*splits*G] exactly as the Triton split kernel does."""
     f = page_format
     bsz = q.shape[0]
     if page_table.dtype != torch.int32 or num_pages.dtype != torch.int32:
@@ -246,19 +235,16 @@ def split_partials(kernels: DecodeKernels, q: torch.Tensor, storage: torch.Tenso
     i64, i32, ptr = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
     kd, vd = offsets
     kern = kernels.for_launch(splits, bsz, f.num_kv_heads)
-    if kern.defines.get("SIGNAL") and (row_done is None or row_done.dtype != torch.int32
-                                       or row_done.numel() < bsz * f.num_kv_heads):
-        raise ValueError(f"a SIGNAL split kernel needs row_done: int32 zeros [{bsz * f.num_kv_heads}]")
     args = [ptr(q.data_ptr()), i64(q.stride(0)), i64(q.stride(1)),
             ptr(storage.data_ptr()), i64(f.page_bytes),
             ptr(page_table.data_ptr()), i64(page_table.stride(0)), ptr(num_pages.data_ptr()),
             ptr(static.data_ptr()), i32(layer),
             ptr(part_acc.data_ptr()), ptr(part_m.data_ptr()), ptr(part_l.data_ptr()),
             i32(splits), ctypes.c_float(qk_scale),
-            *[i64(o) for o in kd], *[i64(o) for o in vd], ptr(row_done.data_ptr() if row_done is not None else 0)]
+            *[i64(o) for o in kd], *[i64(o) for o in vd]]
     kern.launch(grid(kern, splits, bsz, f.num_kv_heads), (32 * kern.defines["NW"], 1, 1), args)
 
 
 __all__ = ["DecodeKernels", "NvrtcUnavailableError", "deep_grid_stages", "default_splits", "dependent_launch", "grid",
-           "heads_per_block", "kernel_for", "kernels_for", "select", "signals", "split_partials", "supports",
+           "heads_per_block", "kernel_for", "kernels_for", "select", "split_partials", "supports",
            "tuning_for"]

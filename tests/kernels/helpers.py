@@ -23,11 +23,10 @@ DECODE_VARIANTS = [{}, {"DEPTH": 2, "MINB": 1}, {"DEPTH": 3, "MINB": 1}, {"PREF"
                    {"QSMEM": 0, "MINB": 4}, {"SCALESHFL": 0}, {"STAGES": 0}, {"STAGES": 1}, {"STAGES": 2},
                    {"WHOLEPAGE": 0, "STAGES": 0}, {"WHOLEPAGE": 1, "STAGES": 0}, {"WHOLEPAGE": 1, "STAGES": 2},
                    {"WHOLEPAGE": 1, "STAGES": 3, "REFILL_LAG": 2, "NW": 2},
-                   {"WHOLEPAGE": 1, "NW": 8, "MINB": 2, "QSMEM": 0}, {"SIGNAL": 1},
-                   {"SIGNAL": 1, "WHOLEPAGE": 1, "STAGES": 2}]
+                   {"WHOLEPAGE": 1, "NW": 8, "MINB": 2, "QSMEM": 0}]
 DECODE_VARIANT_IDS = ["default", "depth-2", "depth-3", "l2-prefetch", "exact-max", "q-in-registers", "scale-loads",
                       "registers", "staged-1", "staged-2", "head-blocks", "whole-pages", "whole-pages-staged-2",
-                      "whole-pages-2-staged-3-lag-2", "whole-pages-8-warps", "row-signals", "whole-pages-row-signals"]
+                      "whole-pages-2-staged-3-lag-2", "whole-pages-8-warps"]
 
 
 def make_format(name: str, page_size=16, layers=2, heads=2, head_dim=64) -> PageFormat:

@@ -12,9 +12,7 @@
 //   warp walks all the split's pages, so the block reads each page's sections as contiguous runs
 //   and no warp's partial needs merging with another's), REFILL_LAG (WHOLEPAGE with STAGES: how
 //   many pages behind the block ring's producer lets the slowest warp be), PROBE_LOADS (a timing
-//   probe of the memory path alone), SIGNAL (1: after writing its partials, a block adds 1 to
-//   row_done[sequence * H + KV head] with release semantics, so the reduce kernel can merge a
-//   row as soon as its splits are done instead of waiting for the whole grid; 0: row_done unused).
+//   probe of the memory path alone).
 // It writes the same partial results (m, l, acc per split and query head, log2 units) as the
 // Triton split kernel, so the Triton reduce kernel attends the bf16 tail and merges the splits.
 //
@@ -63,9 +61,6 @@
 #endif
 #ifndef PROBE_LOADS
 #define PROBE_LOADS 0
-#endif
-#ifndef SIGNAL
-#define SIGNAL 0
 #endif
 #ifndef WHOLEPAGE
 #define WHOLEPAGE 0
@@ -131,8 +126,7 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
     const float* __restrict__ statics, int layer,
     float* __restrict__ part_acc, float* __restrict__ part_m, float* __restrict__ part_l,
     int num_splits, float qk_scale,
-    i64 k_data, i64 k_s, i64 k_bs, i64 k_gs, i64 v_data, i64 v_s, i64 v_bs, i64 v_gs,
-    int* __restrict__ row_done) {
+    i64 k_data, i64 k_s, i64 k_bs, i64 k_gs, i64 v_data, i64 v_s, i64 v_bs, i64 v_gs) {
     __shared__ float sm_m[NW][8];
     __shared__ float sm_l[NW][8];
 #if STAGES
@@ -166,8 +160,7 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
     const int ci = lane & 3;
 
     // The Triton reduce kernel may launch now (paged_decode_cuda.DEPENDENT_LAUNCH); it waits for
-    // this grid's completion (griddepcontrol.wait), or with SIGNAL for its row's count in row_done,
-    // before it reads the partials.
+    // this grid's completion (griddepcontrol.wait) before it reads the partials.
     launch_dependents();
     const int n = num_pages[b];
     const int pps = (n + num_splits - 1) / num_splits;
@@ -365,11 +358,6 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
         part_acc[(prow + hd) * D + d] = SM_ACC(warp, hd, d);
         if (d == 0) { part_m[prow + hd] = SM_M(warp, hd); part_l[prow + hd] = SM_L(warp, hd); }
     }
-#if SIGNAL
-    fence_gpu();
-    warp_sync();
-    if (lane == 0) signal_done(row_done + pid_bh);
-#endif
 #else
     block_sync();
     const i64 prow = ((i64)pid_bh * num_splits + pid_s) * G;
@@ -388,10 +376,5 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
         part_acc[(prow + hd) * D + d] = a;
         if (d == 0) { part_m[prow + hd] = mx; part_l[prow + hd] = l; }
     }
-#if SIGNAL
-    fence_gpu();
-    block_sync();
-    if (threadIdx.x == 0) signal_done(row_done + pid_bh);
-#endif
 #endif
 }

@@ -35,13 +35,6 @@ __device__ __forceinline__ void launch_dependents() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
-// Completion signalling across grids: every writing thread fences its global writes (fence_gpu),
-// the block (or warp) synchronises, then one thread adds 1 to the counter with release semantics;
-// a reader that sees the count through an acquire load also sees the writes.
-__device__ __forceinline__ void fence_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
-__device__ __forceinline__ void signal_done(int* counter) {
-    asm volatile("red.release.gpu.global.add.s32 [%0], 1;" :: "l"(counter) : "memory");
-}
 __device__ __forceinline__ void block_sync() { asm volatile("bar.sync 0;" ::: "memory"); }
 __device__ __forceinline__ void warp_sync() { asm volatile("bar.warp.sync 0xffffffff;" ::: "memory"); }
 __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {

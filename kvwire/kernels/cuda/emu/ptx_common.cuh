@@ -10,8 +10,6 @@ inline u32 shfl_idx(u32 v, int src) { return kvemu::shuffle(v, src); }
 inline float shfl_idx_f(float v, int src) { return __uint_as_float(kvemu::shuffle(__float_as_uint(v), src)); }
 inline bool any_sync(bool p) { return kvemu::vote_any(p); }
 inline void launch_dependents() {}
-inline void fence_gpu() {}
-inline void signal_done(int* counter) { atomicAdd(counter, 1); }
 inline void block_sync() { kvemu::block_barrier(); }
 inline void warp_sync() { kvemu::warp_barrier(); }
 // prmt.b32 (default mode): byte i of the result is byte n & 7 of {b:a}, or its sign replicated when

@@ -5,12 +5,13 @@ log-sum-exp merge of the partials), the reduce launched as a programmatic depend
 Under ncu (L2 flushed, launches serialised) the reduce took 14 us at 32x32k on an H100, 25% of
 DRAM bandwidth, against 755 us for the split: ~2% of the step. Each point here is graph-timed
 over rotated copies (as `kvwire bench attention` times): the whole step as shipped, the split
-kernel alone, the reduce alone (on partials left by the split), the whole step with each reduce
-warp count (two interleaved rounds), and split + reduce on preallocated partials for each reduce
-launch (warps x splits merged per loop iteration, dependent launch on or off).
+kernel alone, the reduce alone (on partials left by the split), the whole step for each
+split-kernel variant (paged_decode_cuda.TUNING) and reduce warp count in two interleaved rounds,
+and split + reduce on preallocated partials for each reduce launch (warps x splits merged per
+loop iteration, dependent launch on or off).
 
 Usage (GPU machine, repo root, PYTHONPATH=$PWD):
-    python3 scripts/gpu/reduce_parts.py 32x32k fp8-token,nvfp4 "2 4 8" "16 64"
+    python3 scripts/gpu/reduce_parts.py 32x32k fp8-token,nvfp4 "2 4 8" "16 64" "default DEPTH=2"
 """
 from __future__ import annotations
 
@@ -55,6 +56,12 @@ class Step:
                       num_warps=warps, splits_per_iter=per_iter)
 
 
+def set_tuning(variant: str) -> None:
+    pdc.TUNING.clear()
+    if variant != "default":
+        pdc.TUNING.update({k: int(v) for k, v in (kv.split("=") for kv in variant.split(","))})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -62,6 +69,9 @@ def main() -> None:
     ap.add_argument("formats", nargs="?", default="fp8-token,nvfp4", help="comma-separated KV formats")
     ap.add_argument("warps", nargs="?", default="2 4 8", help="reduce num_warps values")
     ap.add_argument("per_iter", nargs="?", default="16 64", help="splits merged per loop iteration")
+    ap.add_argument("variants", nargs="?", default="default",
+                    help='split-kernel tunings for the whole-step A/B: "default" or KEY=V,KEY=V '
+                         '(paged_decode_cuda.TUNING), e.g. "default DEPTH=2"')
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("reduce_parts.py needs a CUDA GPU")
@@ -87,12 +97,15 @@ def main() -> None:
 
         res = [point("shipped", lambda s: paged_decode_attention(*s.prob.args, out=s.prob.out, backend="cuda")),
                point("split-only", lambda s: s.split())]
-        for _ in range(2):           # the whole step as shipped, with each reduce warp count, interleaved
-            for w in (int(x) for x in args.warps.split()):
-                paged_decode.reduce_splits = functools.partial(reduce_splits, num_warps=w)
-                res.append(point(f"shipped-w{w}", lambda s: paged_decode_attention(*s.prob.args, out=s.prob.out,
-                                                                                   backend="cuda")))
+        for _ in range(2):           # the whole step, each split-kernel variant x reduce warp count, interleaved
+            for var in args.variants.split():
+                set_tuning(var)
+                for w in (int(x) for x in args.warps.split()):
+                    paged_decode.reduce_splits = functools.partial(reduce_splits, num_warps=w)
+                    res.append(point(f"shipped-{var}-w{w}", lambda s: paged_decode_attention(
+                        *s.prob.args, out=s.prob.out, backend="cuda"), check=True))
             paged_decode.reduce_splits = reduce_splits
+            pdc.TUNING.clear()
         for s in steps:
             s.split()
         res.append(point("reduce-only", lambda s: s.reduce(False, 4, 64)))

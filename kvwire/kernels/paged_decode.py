@@ -290,9 +290,7 @@ def paged_decode_attention(q: torch.Tensor, storage: torch.Tensor, page_format: 
     ns = num_stages or cfg["num_stages"]
     g = hq // h
     block_g = max(16, pow2(g))
-    block_d = pow2(d)
-    if ElementType.NVFP4 in (f.kv.key.element, f.kv.value.element):
-        block_d = max(block_d, 32)     # NVFP4 half tiles are BLOCK_D/2 wide, and tl.dot needs K >= 16
+    block_d = _block_d(f)
     static = static_arg(f, static_scales, dev)
     kf, vf = f.kv.key, f.kv.value
     kd = part_offsets(f, layer, 0)
@@ -329,6 +327,16 @@ def paged_decode_attention(q: torch.Tensor, storage: torch.Tensor, page_format: 
     return reduce_splits(q, f, layer, tail, tail_slot, tail_len, (part_acc, part_m, part_l), splits, out, pdl)
 
 
+def _block_d(page_format: PageFormat) -> int:
+    """The head-dim tile of both launches: head_dim rounded up to a power of two, at least 32 with
+    NVFP4 (its half tiles are BLOCK_D/2 wide, and tl.dot needs K >= 16)."""
+    f = page_format
+    block_d = pow2(f.head_dim)
+    if ElementType.NVFP4 in (f.kv.key.element, f.kv.value.element):
+        block_d = max(block_d, 32)
+    return block_d
+
+
 def reduce_splits(q: torch.Tensor, page_format: PageFormat, layer: int, tail: torch.Tensor,
                   tail_slot: torch.Tensor, tail_len: torch.Tensor,
                   parts: tuple[torch.Tensor, torch.Tensor, torch.Tensor], splits: int, out: torch.Tensor,
@@ -339,9 +347,7 @@ def reduce_splits(q: torch.Tensor, page_format: PageFormat, layer: int, tail: to
     2 warps per program beat 4 and 8 at 32x32k on an H100 (docs/benchmarks.md, 2026-12-05)."""
     f = page_format
     bsz, hq, d = q.shape
-    block_d = pow2(d)
-    if ElementType.NVFP4 in (f.kv.key.element, f.kv.value.element):
-        block_d = max(block_d, 32)
+    block_d = _block_d(f)
     tail16 = tail.view(torch.int16)
     part_acc, part_m, part_l = parts
     _decode_reduce_kernel[(bsz * hq,)](

@@ -28,6 +28,8 @@ from kvwire.kernels._common import part_offsets, static_arg
 from kvwire.kernels import paged_decode
 from kvwire.kernels.paged_decode import LOG2E, paged_decode_attention, reduce_splits
 
+from decode_sweep import set_tuning          # scripts/gpu/ (this script's directory is on sys.path)
+
 HQ, HKV, D = 32, 8, 128
 
 
@@ -35,8 +37,8 @@ class Step:
     """One problem's split launch and preallocated partials, so the two kernels can run apart."""
 
     def __init__(self, prob, f: PageFormat) -> None:
-        self.prob, self.f = prob, f
-        q, storage, _, layer, page_table, num_pages, tail, tail_slot, tail_len, static = prob.args
+        self.prob = prob
+        q, _, _, layer, page_table, _, _, _, _, static = prob.args
         self.kernel = pdc.select("cuda", f, HQ, q, True)
         self.splits = pdc.default_splits(self.kernel.regular, q.shape[0], HKV, page_table.shape[1], q.device)
         rows = q.shape[0] * HKV * self.splits * (HQ // HKV)
@@ -54,12 +56,6 @@ class Step:
         q, _, f, layer, _, _, tail, tail_slot, tail_len = self.prob.args[:9]
         reduce_splits(q, f, layer, tail, tail_slot, tail_len, self.parts, self.splits, self.prob.out, pdl,
                       num_warps=warps, splits_per_iter=per_iter)
-
-
-def set_tuning(variant: str) -> None:
-    pdc.TUNING.clear()
-    if variant != "default":
-        pdc.TUNING.update({k: int(v) for k, v in (kv.split("=") for kv in variant.split(","))})
 
 
 def main() -> None:

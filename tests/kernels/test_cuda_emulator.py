@@ -51,16 +51,6 @@ def test_emulated_decode_gqa_and_head_dim(name, gqa, head_dim):
     check_decode(decode_problem(DEV, name, gqa=gqa, head_dim=head_dim, heads=4, **SMALL), 1e-2, backend="cuda")
 
 
-@pytest.mark.parametrize("name", ["nvfp4", "fp8-token", "fp8-token/nvfp4"])
-@pytest.mark.parametrize("gqa,head_dim", [(4, 128), (3, 64)])
-def test_emulated_decode_keys_on_fp8_mma(name, gqa, head_dim, monkeypatch):
-    """KF8MMA: keys on m16n8k32 E4M3 MMAs, q as hi + residual E4M3 terms, NVFP4 keys transposed
-    through shared memory so that each MMA holds one block and its scale multiplies the result."""
-    monkeypatch.setattr(paged_decode_cuda, "TUNING", {"KF8MMA": 1})
-    check_decode(decode_problem(DEV, name, gqa=gqa, head_dim=head_dim, heads=2, **SMALL), 1e-2, backend="cuda",
-                 num_splits=3)
-
-
 @pytest.mark.parametrize("seed", range(6))
 def test_emulated_decode_random_shapes(seed, monkeypatch):
     """Shapes the fixed tests do not pick: any GQA ratio 1-8, 1-8 KV heads, sequences of 0-33 pages

@@ -34,9 +34,7 @@ struct PageRegs {
 #if TOKSHFL
     float sc;                // this lane's token scale (TOKSHFL): key of token lane, value of lane - 16
 #endif
-#if KELEM == 2 && KF8MMA
-    u32 kbs[2][D / 64];      // all D/16 E4M3 block scales of rows gi, gi+8
-#elif KELEM == 2
+#if KELEM == 2
     u32 kbs[2];              // E4M3 block scales of rows gi, gi+8 (bytes: one per word pair)
 #endif
 #if VELEM == 2
@@ -64,7 +62,7 @@ __device__ __forceinline__ LaneOffsets lane_offsets(int h, int gi, int ci, i64 k
 #endif
 #else
     o.k = (u32)(k_data + h * P * (D / 2) + gi * (D / 2) + ci * (D / 8));
-    o.kbs = (u32)(k_bs + (h * P + gi) * (D / 16) + (KF8MMA ? 0 : ci * (D / 64)));
+    o.kbs = (u32)(k_bs + (h * P + gi) * (D / 16) + ci * (D / 64));
     o.ks = (u32)(k_gs + h * 4);
 #endif
 #if VELEM == 1
@@ -123,11 +121,7 @@ __device__ __forceinline__ void load_page(PageRegs& r, typename M::Addr page, co
     for (int rr = 0; rr < 2; ++rr) {
         if (D == 128) M::v4(kb + rr * 8 * (D / 2), r.k[rr]); else M::v2(kb + rr * 8 * (D / 2), r.k[rr]);
         const typename M::Addr b = bs + rr * 8 * (D / 16);
-#if KF8MMA
-        if (D == 128) M::v2(b, r.kbs[rr]); else r.kbs[rr][0] = M::w(b);   // the row's D/16 scales
-#else
         r.kbs[rr] = D == 128 ? M::h(b) : M::b(b);          // D/64 block scales: 2-byte aligned
-#endif
     }
     r.ks[0] = r.ks[1] = M::f(page + o.ks);
 #endif

@@ -37,31 +37,6 @@ __device__ __forceinline__ void mma16816(float* c, u32 a0, u32 a1, u32 a2, u32 a
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
-// mma.sync.m16n8k32.row.col.f32.e4m3.e4m3.f32 (sm_89+): lane (g, t) holds A rows g (a0, a2) and
-// g + 8 (a1, a3), bytes at k 4t..4t+3 (a0, a1) and 16+4t.. (a2, a3); B column g at k 4t.. (b0) and
-// 16+4t.. (b1); C as for m16n8k16.
-__device__ __forceinline__ void mma16832_e4m3(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-    asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-// Two floats -> two E4M3 bytes (round to nearest even, saturating): lo in byte 0, hi in byte 1.
-__device__ __forceinline__ u32 f32x2_to_e4m3x2(float lo, float hi) {
-    u16 r;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-    return (u32)r;
-}
-// The low / high f16 of a pair as fp32.
-__device__ __forceinline__ float f16_lo(u32 h2) {
-    float r;
-    asm("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.f32.f16 %0, lo; }" : "=f"(r) : "r"(h2));
-    return r;
-}
-__device__ __forceinline__ float f16_hi(u32 h2) {
-    float r;
-    asm("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.f32.f16 %0, hi; }" : "=f"(r) : "r"(h2));
-    return r;
-}
 __device__ __forceinline__ void ld8(const u8* p, u32* r) {
     asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "l"(p));
 }

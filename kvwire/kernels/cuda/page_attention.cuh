@@ -16,85 +16,13 @@ struct SoftmaxState {
     float vinv;                      // 0 until the first page sets the value reference
 };
 
-#if KF8MMA && KELEM == 2
-// NVFP4 keys on FP8 tensor cores. A k-step of m16n8k32 must hold one 16-element block per row, so
-// that the block scale can multiply its fp32 result; but a lane loads whole blocks (block 2ci, 2ci+1
-// for D = 128). So the warp transposes the E4M3 words through shared memory (``kx``: 64 * D/16
-// words): lane ci writes quarter u (4 codes) of each of its blocks, lane u reads quarter u of every
-// block. Layout per (row r, token gi): [u][block], with u rotated by gi and (D = 128) the block
-// halves swapped for odd gi, so that the 8-byte stores and 16-byte loads meet no bank conflicts.
-#define KNB (D / 16)
-__device__ __forceinline__ u32 kx_index(int r, int gi, int u, int b) {
-    const int bb = KNB == 8 ? ((((b >> 2) ^ (gi & 1)) << 2) | (b & 3)) : b;
-    return (u32)((((r * 8 + gi) * 4 + ((u + gi) & 3)) * KNB + bb) * 4);
-}
-__device__ __forceinline__ void nvfp4_key_scores(const PageRegs& cur, const QOperand& q, u32 kx, int gi, int ci,
-                                                 float* s) {
-    warp_sync();                               // every lane has read the previous page's words
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        // quarters u of this lane's first block (words 0, 1: L0, H0, L1, H1) and, D = 128, its second
-        const u32 q0[4] = {e2m1_lo_to_e4m3(cur.k[r][0]), e2m1_hi_to_e4m3(cur.k[r][0]),
-                           e2m1_lo_to_e4m3(cur.k[r][1]), e2m1_hi_to_e4m3(cur.k[r][1])};
-#if D == 128
-        const u32 q1[4] = {e2m1_lo_to_e4m3(cur.k[r][2]), e2m1_hi_to_e4m3(cur.k[r][2]),
-                           e2m1_lo_to_e4m3(cur.k[r][3]), e2m1_hi_to_e4m3(cur.k[r][3])};
-#pragma unroll
-        for (int u = 0; u < 4; ++u) sts_v2(kx + kx_index(r, gi, u, 2 * ci), q0[u], q1[u]);
-#else
-#pragma unroll
-        for (int u = 0; u < 4; ++u) sts_u32(kx + kx_index(r, gi, u, ci), q0[u]);
-#endif
-    }
-    warp_sync();
-    u32 a[2][KNB];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        lds_v4(kx + kx_index(r, gi, ci, 0), &a[r][0]);
-        if (KNB == 8) lds_v4(kx + kx_index(r, gi, ci, 4), &a[r][4]);
-    }
-    float bs[2][KNB];                          // block scales of rows gi, gi+8 as fp32
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-#pragma unroll
-        for (int w = 0; w < D / 64; ++w) {
-            const u32 lo = e4m3x2_lo(cur.kbs[r][w]), hi = e4m3x2_hi(cur.kbs[r][w]);
-            bs[r][4 * w] = f16_lo(lo); bs[r][4 * w + 1] = f16_hi(lo);
-            bs[r][4 * w + 2] = f16_lo(hi); bs[r][4 * w + 3] = f16_hi(hi);
-        }
-#pragma unroll
-    for (int b = 0; b < KNB; ++b) {
-        u32 b0, b1;
-        q.get(b, b0, b1);
-        float c[4] = {0.f, 0.f, 0.f, 0.f};
-        mma16832_e4m3(c, a[0][b], a[1][b], a[0][b], a[1][b], b0, b1);
-        s[0] = fmaf(c[0], bs[0][b], s[0]); s[1] = fmaf(c[1], bs[0][b], s[1]);
-        s[2] = fmaf(c[2], bs[1][b], s[2]); s[3] = fmaf(c[3], bs[1][b], s[3]);
-    }
-}
-#endif
-
-// One page (16 tokens) of one warp: scores, online softmax, P.V. ``cur`` holds the page's registers;
-// the scores of head 2ci (2ci + 1) are multiplied by cs0 (cs1); ``kx``: the warp's shared words for
-// KF8MMA with NVFP4 keys.
-__device__ __forceinline__ void attend_page(const PageRegs& cur, const QOperand& q, float cs0, float cs1, u32 kx,
+// One page (16 tokens) of one warp: scores, online softmax, P.V. ``cur`` holds the page's registers.
+__device__ __forceinline__ void attend_page(const PageRegs& cur, const QOperand& q, float cscale,
                                             int gi, int ci, SoftmaxState& st) {
     // ---- scores S^T[tok gi / gi+8, head 2ci / 2ci+1] ----
     float s[4] = {0.f, 0.f, 0.f, 0.f};
     float s2[4] = {0.f, 0.f, 0.f, 0.f};            // second accumulator: two shorter MMA chains
-#if KF8MMA && KELEM == 1
-    // FP8 keys on FP8 tensor cores: word kt is a lane's 4 bytes of a k-step as stored, repeated in
-    // both halves of k (q's hi and residual terms, q_operand.cuh): no conversion at all.
-#pragma unroll
-    for (int kt = 0; kt < KSTEPS; ++kt) {
-        const u32 w0 = cur.k[0][kt], w1 = cur.k[1][kt];
-        u32 b0, b1;
-        q.get(kt, b0, b1);
-        mma16832_e4m3((kt & 1) ? s2 : s, w0, w1, w0, w1, b0, b1);
-    }
-#elif KF8MMA
-    nvfp4_key_scores(cur, q, kx, gi, ci, s);
-#elif KELEM == 1
+#if KELEM == 1
 #pragma unroll
     for (int kt = 0; kt < KSTEPS; ++kt) {
         const u32 w0 = cur.k[0][kt], w1 = cur.k[1][kt];
@@ -124,10 +52,10 @@ __device__ __forceinline__ void attend_page(const PageRegs& cur, const QOperand&
     float ks0, ks1, vs0, vs1;
     token_scales(cur, gi, ks0, ks1, vs0, vs1);
 #if KGRAN == 1 || KGRAN == 2 || KELEM == 2
-    s[0] *= cs0 * ks0; s[1] *= cs1 * ks0;
-    s[2] *= cs0 * ks1; s[3] *= cs1 * ks1;
+    s[0] *= cscale * ks0; s[1] *= cscale * ks0;
+    s[2] *= cscale * ks1; s[3] *= cscale * ks1;
 #else
-    s[0] *= cs0; s[1] *= cs1; s[2] *= cs0; s[3] *= cs1;
+    s[0] *= cscale; s[1] *= cscale; s[2] *= cscale; s[3] *= cscale;
 #endif
     // ---- online softmax over the page's 16 tokens, per head ----
     float pm0 = fmx(s[0], s[2]), pm1 = fmx(s[1], s[3]);

@@ -12,8 +12,7 @@
 //   warp walks all the split's pages, so the block reads each page's sections as contiguous runs
 //   and no warp's partial needs merging with another's), REFILL_LAG (WHOLEPAGE with STAGES: how
 //   many pages behind the block ring's producer lets the slowest warp be), PROBE_LOADS (a timing
-//   probe of the memory path alone), KF8MMA (1: keys on FP8 tensor cores, m16n8k32, with q as
-//   two E4M3 terms; NVFP4 block scales multiply each block's fp32 result; page_attention.cuh).
+//   probe of the memory path alone).
 // It writes the same partial results (m, l, acc per split and query head, log2 units) as the
 // Triton split kernel, so the Triton reduce kernel attends the bf16 tail and merges the splits.
 //
@@ -66,12 +65,6 @@
 #ifndef WHOLEPAGE
 #define WHOLEPAGE 0
 #endif
-#ifndef KF8MMA
-#define KF8MMA 0
-#endif
-#if KF8MMA && KELEM == 2 && STAGES
-#error "KF8MMA transposes NVFP4 keys through the partials' shared memory, which STAGES uses for its ring"
-#endif
 #ifndef REFILL_LAG
 #define REFILL_LAG 1
 #endif
@@ -108,11 +101,7 @@ __device__ __forceinline__ void consume_page(const PageRegs& r, SoftmaxState& st
 #pragma unroll
         for (int j = 0; j < VWORDS; ++j) x ^= r.v[i][j];
 #if KELEM == 2
-#if KF8MMA
-    x ^= r.kbs[0][0] ^ r.kbs[1][0];
-#else
     x ^= r.kbs[0] ^ r.kbs[1];
-#endif
 #endif
 #if VELEM == 2
     x ^= r.vbs[0] ^ r.vbs[1] ^ r.vbs[2] ^ r.vbs[3];
@@ -127,7 +116,7 @@ __device__ __forceinline__ void consume_page(const PageRegs& r, SoftmaxState& st
 }
 #define ATTEND(cur) consume_page(cur, st)
 #else
-#define ATTEND(cur) attend_page(cur, qop, cs0, cs1, kx, gi, ci, st)
+#define ATTEND(cur) attend_page(cur, qop, cscale, gi, ci, st)
 #endif
 
 extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
@@ -148,7 +137,7 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
     __shared__ __align__(8) unsigned long long sm_bar[WHOLEPAGE ? 2 : NW][STAGES];
 #define SM_ACC(w, j, d) ((float*)sm_pool)[((w) * 8 + (j)) * (D + 1) + (d)]
 #else
-    __shared__ __align__(16) float sm_acc[NW][8][D + 1];
+    __shared__ __align__(16) float sm_acc[NW][8][D + 1];     // aligned: lets ptxas store the partials in wider pieces
 #define SM_ACC(w, j, d) sm_acc[w][j][d]
 #endif
 #define SM_M(w, j) sm_m[w][j]
@@ -195,26 +184,14 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
     qop.base = smem_addr(&sm_q[qh][0][lane][0]);
     smq = &sm_q[qh][0][lane][0];
 #endif
-    float qinv;
     {
         const i64 qoff = (i64)b * sq_b + (i64)(h * G + gi) * sq_h;
 #if QF32
-        fill_q(qop, smq, WHOLEPAGE || warp == 0, (const float*)q_ptr + qoff, gi < G, ci, qinv);
+        fill_q(qop, smq, WHOLEPAGE || warp == 0, (const float*)q_ptr + qoff, gi < G, ci);
 #else
-        fill_q(qop, smq, WHOLEPAGE || warp == 0, (const u16*)q_ptr + qoff, gi < G, ci, qinv);
+        fill_q(qop, smq, WHOLEPAGE || warp == 0, (const u16*)q_ptr + qoff, gi < G, ci);
 #endif
     }
-#if KF8MMA
-    // score factors of heads 2ci and 2ci + 1 (lanes 8ci and 8ci + 4 hold those heads' q)
-    const float cs0 = cscale * shfl_idx_f(qinv, 8 * ci), cs1 = cscale * shfl_idx_f(qinv, 8 * ci + 4);
-#else
-    const float cs0 = cscale, cs1 = cscale;
-#endif
-#if KF8MMA && KELEM == 2 && !PROBE_LOADS
-    const u32 kx = smem_addr(&SM_ACC(warp, 0, 0));  // the partials' bytes, free until the page loop ends
-#else
-    const u32 kx = 0;
-#endif
 
 #if QSMEM
     block_sync();

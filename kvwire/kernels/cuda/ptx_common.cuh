@@ -54,11 +54,6 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
     return r;
 }
 // Loads from shared memory at a 32-bit shared address.
-// An 8-byte store to shared memory at a 32-bit shared address.
-__device__ __forceinline__ void sts_v2(u32 a, u32 x, u32 y) {
-    asm volatile("st.shared.v2.u32 [%0], {%1,%2};" ::"r"(a), "r"(x), "r"(y) : "memory");
-}
-__device__ __forceinline__ void sts_u32(u32 a, u32 x) { asm volatile("st.shared.u32 [%0], %1;" ::"r"(a), "r"(x) : "memory"); }
 __device__ __forceinline__ void lds_v4(u32 a, u32* r) {
     asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
 }

@@ -20,61 +20,16 @@ struct QOperand {
 };
 
 // Fills ``qop`` with q of query head gi (a row at ``qrow``; zeros when ``real`` is false); with
-// QSMEM the fragments go to ``smq`` (this lane's first slot) when ``store``. ``qinv``: what the
-// scores of head gi are multiplied by afterwards (1 unless KF8MMA scales q). The d of k-step s
+// QSMEM the fragments go to ``smq`` (this lane's first slot) when ``store``. The d of k-step s
 // follows the key words' load order (decode_page_regs.cuh): FP8 word s holds d = 64(s/4) + 16ci +
 // 4(s%4) + 0..3; NVFP4 word w's even and odd codes make k-steps 2w and 2w + 1.
 template <class T>
-__device__ __forceinline__ void fill_q(QOperand& qop, u32* smq, bool store, const T* qrow, bool real, int ci,
-                                       float& qinv) {
+__device__ __forceinline__ void fill_q(QOperand& qop, u32* smq, bool store, const T* qrow, bool real, int ci) {
 #if QF32
 #define QLOAD(i) (real ? (float)qrow[i] : 0.f)
 #else
 #define QLOAD(i) (real ? bf16_to_f32(qrow[i]) : 0.f)
 #endif
-    qinv = 1.0f;
-#if KF8MMA
-    // Keys on FP8 tensor cores (m16n8k32): q as two E4M3 terms, hi + residual, which together keep
-    // about 8 significant bits (bf16's). The A operand repeats the page's 16 codes of a k-step in
-    // both halves of k, so b0 = hi and b1 = residual cost no extra MMA. q is scaled by a power of
-    // two that puts the head's largest |q| in [128, 256), below E4M3's 448; ``qinv`` undoes it.
-    // Byte i of k-step s is d = QD(s, i): FP8 word s as below; NVFP4 block s, quarter ci, whose
-    // codes page_attention.cuh places as E4M3 bytes (quarter u: d = 16s + 8(u/2) + 2i + u%2).
-#if KELEM == 1
-#define QD(s, i) (64 * ((s) / 4) + 16 * ci + 4 * ((s) % 4) + (i))
-#else
-#define QD(s, i) (16 * (s) + 8 * (ci / 2) + 2 * (i) + (ci % 2))
-#endif
-    float amax = 0.f;
-#pragma unroll
-    for (int s = 0; s < KSTEPS; ++s)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) amax = fmx(amax, fabsf(QLOAD(QD(s, i))));
-    amax = fmx(amax, shfl_xor(amax, 1));
-    amax = fmx(amax, shfl_xor(amax, 2));
-    const int ex = amax >= 1e-30f ? (int)((__float_as_uint(amax) >> 23) & 255u) - 127 : 7;
-    const float qc = __uint_as_float((u32)(134 - ex) << 23);          // 2^(7 - ex)
-    qinv = __uint_as_float((u32)(120 + ex) << 23);                    // 2^(ex - 7)
-#pragma unroll
-    for (int s = 0; s < KSTEPS; ++s) {
-        u32 hi = 0, res = 0;
-#pragma unroll
-        for (int i = 0; i < 4; i += 2) {
-            const float x0 = QLOAD(QD(s, i)) * qc, x1 = QLOAD(QD(s, i + 1)) * qc;
-            const u32 h2 = f32x2_to_e4m3x2(x0, x1);
-            const u32 hf = e4m3x2_lo(h2);
-            hi |= h2 << (8 * i);
-            res |= f32x2_to_e4m3x2(x0 - f16_lo(hf), x1 - f16_hi(hf)) << (8 * i);
-        }
-#if QSMEM
-        if (store) { smq[s * 64] = hi; smq[s * 64 + 1] = res; }
-#else
-        qop.f[s][0] = hi;
-        qop.f[s][1] = res;
-#endif
-    }
-#undef QD
-#else
 #pragma unroll
     for (int s = 0; s < KSTEPS; ++s) {
         int d0, d1, d2, d3;
@@ -93,6 +48,5 @@ __device__ __forceinline__ void fill_q(QOperand& qop, u32* smq, bool store, cons
         qop.f[s][1] = pack_f16x2(x2, x3);
 #endif
     }
-#endif
 #undef QLOAD
 }

@@ -46,36 +46,6 @@ inline void mma16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
         c[i] = acc;
     }
 }
-// mma.sync.m16n8k32.row.col.f32.e4m3.e4m3.f32: lane (g, t) holds A rows g (a0, a2) and g + 8 (a1,
-// a3) at k 4t..4t+3 (a0, a1) and 16+4t.. (a2, a3), byte i at k + i; B column g at k 4t.. (b0) and
-// 16+4t.. (b1); C as for m16n8k16.
-inline void mma16832_e4m3(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-    u32* s = kvemu::my_slot();
-    s[0] = a0; s[1] = a1; s[2] = a2; s[3] = a3; s[4] = b0; s[5] = b1;
-    kvemu::warp_barrier();
-    float A[16][32], B[32][8];
-    for (int l = 0; l < 32; ++l) {
-        const u32* o = kvemu::slot_of(l);
-        const int g = l >> 2, t = l & 3;
-        const int rows[4] = {g, g + 8, g, g + 8}, ks[4] = {4 * t, 4 * t, 4 * t + 16, 4 * t + 16};
-        for (int r = 0; r < 4; ++r)
-            for (int i = 0; i < 4; ++i) A[rows[r]][ks[r] + i] = kvemu::e4m3_to_float(o[r] >> (8 * i));
-        for (int i = 0; i < 4; ++i) {
-            B[4 * t + i][g] = kvemu::e4m3_to_float(o[4] >> (8 * i));
-            B[4 * t + 16 + i][g] = kvemu::e4m3_to_float(o[5] >> (8 * i));
-        }
-    }
-    const int lane = kvemu::cur()->lane, g = lane >> 2, t = lane & 3;
-    const int row[4] = {g, g, g + 8, g + 8}, col[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
-    for (int i = 0; i < 4; ++i) {
-        float acc = c[i];
-        for (int k = 0; k < 32; ++k) acc += A[row[i]][k] * B[k][col[i]];
-        c[i] = acc;
-    }
-}
-inline u32 f32x2_to_e4m3x2(float lo, float hi) { return kvemu::float_to_e4m3(lo) | (kvemu::float_to_e4m3(hi) << 8); }
-inline float f16_lo(u32 h2) { return kvemu::half_to_float(h2 & 0xffffu); }
-inline float f16_hi(u32 h2) { return kvemu::half_to_float(h2 >> 16); }
 inline void ld8(const u8* p, u32* r) { std::memcpy(r, p, 8); }
 inline float ldf(const u8* p) {
     float r;

@@ -52,18 +52,6 @@ inline float e4m3_to_float(uint32_t b) {
     else v = std::ldexp(1.0f + (float)m / 8.0f, (int)e - 7);
     return s ? -v : v;
 }
-inline uint32_t float_to_e4m3(float x) {      // cvt.rn.satfinite: nearest, ties to even, +-448 at most
-    if (std::isnan(x)) return 0x7fu;
-    const uint32_t s = std::signbit(x) ? 0x80u : 0u;
-    const float a = std::fabs(x);
-    uint32_t best = 0;
-    float err = a;
-    for (uint32_t c = 1; c < 127; ++c) {       // 127 is NaN; 126 is 448
-        const float e = std::fabs(e4m3_to_float(c) - a);
-        if (e < err || (e == err && (c & 1u) == 0)) { best = c; err = e; }
-    }
-    return s | best;
-}
 inline float bf16_bits_to_float(uint32_t h) {
     const uint32_t bits = h << 16;
     float r;

@@ -27,11 +27,6 @@ inline u32 prmt(u32 a, u32 b, u32 sel) {
 }
 inline void ld16(const u8* p, u32* r) { std::memcpy(r, p, 16); }
 inline u32 smem_addr(const void* p) { return kvemu::shared_addr(p); }
-inline void sts_v2(u32 a, u32 x, u32 y) {
-    std::memcpy(kvemu::shared_ptr(a), &x, 4);
-    std::memcpy(kvemu::shared_ptr(a) + 4, &y, 4);
-}
-inline void sts_u32(u32 a, u32 x) { std::memcpy(kvemu::shared_ptr(a), &x, 4); }
 inline void lds_v4(u32 a, u32* r) { std::memcpy(r, kvemu::shared_ptr(a), 16); }
 inline void lds_v2(u32 a, u32* r) { std::memcpy(r, kvemu::shared_ptr(a), 8); }
 inline void lds_v2_ordered(u32 a, u32& r0, u32& r1) {

@@ -41,10 +41,16 @@ __device__ __forceinline__ void attend_page(const PageRegs& cur, const QOperand&
         u32 b0, b1, b2, b3;
         q.get(2 * w, b0, b1);
         q.get(2 * w + 1, b2, b3);
+#if PROBE_NOCVT & 1
+        // timing probe: the placed words go to the MMAs as they are (no conversion, no block scale)
+        mma16816(s, w ? L0 : L0 ^ cur.kbs[0], w ? L1 : L1 ^ cur.kbs[1], H0, H1, b0, b1);   // scale bytes kept live
+        mma16816(s2, L1, L0, H1, H0, b2, b3);
+#else
         mma16816(s, hmul2(e4m3x2_lo(L0), bs0), hmul2(e4m3x2_lo(L1), bs1),
                  hmul2(e4m3x2_lo(H0), bs0), hmul2(e4m3x2_lo(H1), bs1), b0, b1);
         mma16816(s2, hmul2(e4m3x2_hi(L0), bs0), hmul2(e4m3x2_hi(L1), bs1),
                  hmul2(e4m3x2_hi(H0), bs0), hmul2(e4m3x2_hi(H1), bs1), b2, b3);
+#endif
     }
 #endif
 #pragma unroll
@@ -129,6 +135,12 @@ __device__ __forceinline__ void attend_page(const PageRegs& cur, const QOperand&
             const u32 rB = prmt(cur.v[1][wq], cur.v[3][wq], sel);        // tokens ci+4, ci+12
             const u32 lA = e2m1_lo_to_e4m3(rA), hA = e2m1_hi_to_e4m3(rA);
             const u32 lB = e2m1_lo_to_e4m3(rB), hB = e2m1_hi_to_e4m3(rB);
+#if PROBE_NOCVT & 2
+            // timing probe: the placed words go to the MMAs as they are (no conversion, no block scale)
+            const u32 live = wq + half ? 0u : cur.vbs[0] ^ cur.vbs[1] ^ cur.vbs[2] ^ cur.vbs[3];   // scale bytes kept live
+            mma16816(st.acc[4 * wq + 2 * half], lA ^ live, hA, lB, hB, pb0, pb1);
+            mma16816(st.acc[4 * wq + 2 * half + 1], hA, lA, hB, lB, pb0, pb1);
+#else
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int i = 4 * wq + 2 * half + e;                      // even d = 8wq + 2(2half+e)
@@ -138,6 +150,7 @@ __device__ __forceinline__ void attend_page(const PageRegs& cur, const QOperand&
                 const u32 A3 = e ? e4m3x2_hi(hB) : e4m3x2_lo(hB);
                 mma16816(st.acc[i], hmul2(A0, vsA), hmul2(A1, vsA), hmul2(A2, vsB), hmul2(A3, vsB), pb0, pb1);
             }
+#endif
         }
     }
 #endif

@@ -45,6 +45,11 @@ __device__ __forceinline__ void attend_page(const PageRegs& cur, const QOperand&
         // timing probe: the placed words go to the MMAs as they are (no conversion, no block scale)
         mma16816(s, w ? L0 : L0 ^ cur.kbs[0], w ? L1 : L1 ^ cur.kbs[1], H0, H1, b0, b1);   // scale bytes kept live
         mma16816(s2, L1, L0, H1, H0, b2, b3);
+#elif PROBE_NOCVT & 4
+        // timing probe: converted, but no block-scale multiply
+        mma16816(s, e4m3x2_lo(w ? L0 : L0 ^ cur.kbs[0]), e4m3x2_lo(w ? L1 : L1 ^ cur.kbs[1]), e4m3x2_lo(H0),
+                 e4m3x2_lo(H1), b0, b1);
+        mma16816(s2, e4m3x2_hi(L0), e4m3x2_hi(L1), e4m3x2_hi(H0), e4m3x2_hi(H1), b2, b3);
 #else
         mma16816(s, hmul2(e4m3x2_lo(L0), bs0), hmul2(e4m3x2_lo(L1), bs1),
                  hmul2(e4m3x2_lo(H0), bs0), hmul2(e4m3x2_lo(H1), bs1), b0, b1);

@@ -14,7 +14,8 @@
 //   many pages behind the block ring's producer lets the slowest warp be), PROBE_LOADS (a timing
 //   probe of the memory path alone), PROBE_NOCVT (a timing probe: NVFP4 keys (1), values (2) or
 //   both (3) reach their MMAs as placed E4M3 words, with no f16 conversion or block-scale multiply;
-//   it bounds what any cheaper conversion could gain, and its output is meaningless).
+//   4: keys converted but not scaled; it bounds what any cheaper conversion could gain, and its
+//   output is meaningless).
 // It writes the same partial results (m, l, acc per split and query head, log2 units) as the
 // Triton split kernel, so the Triton reduce kernel attends the bf16 tail and merges the splits.
 //

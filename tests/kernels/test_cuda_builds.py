@@ -46,3 +46,12 @@ def test_ampere_cannot_build_them():
     r = build("sm_86")
     assert r.returncode == 1 and succeeded(r)[0] == 0
     assert "requires .target sm_89" in r.stdout
+
+
+@pytest.mark.parametrize("probe", ["PROBE_LOADS=1", "PROBE_NOCVT=1", "PROBE_NOCVT=2", "PROBE_NOCVT=3", "PROBE_NOCVT=4"])
+def test_the_timing_probes_build(probe):
+    """The sweeps' timing probes (scripts/gpu/decode_sweep.py variants) are not in the matrix above;
+    they still have to compile for sm_90, NVFP4 keys and values."""
+    r = subprocess.run([sys.executable, str(SCRIPT), "loop", "nvfp4", "nvfp4", probe], capture_output=True, text=True,
+                       timeout=300, cwd=ROOT)
+    assert r.returncode == 0 and "page loop:" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]

@@ -344,7 +344,8 @@ def reduce_splits(q: torch.Tensor, page_format: PageFormat, layer: int, tail: to
     """Launch ``_decode_reduce_kernel``: the bf16 tail attended and merged with the split partials
     (acc, m, l) into ``out``. ``pdl``: launched as a programmatic dependent of the CUDA split kernel
     just launched. The keyword arguments tune the launch (scripts/gpu/reduce_parts.py times them):
-    2 warps per program beat 4 and 8 at 32x32k on an H100 (docs/benchmarks.md, 2026-12-05)."""
+    2 warps per program beat 4 and 8 at 32x32k on an H100, and are within the spread of 4 on an
+    H200 (docs/benchmarks.md, 2026-12-05)."""
     f = page_format
     bsz, hq, d = q.shape
     block_d = _block_d(f)

@@ -55,8 +55,8 @@ MIN_PAGES_PER_WARP = 8
 #   NW. REFILL_LAG: with STAGES, how far the block ring's slowest warp may trail (1 <= .. < STAGES).
 # - PROBE_LOADS = 1 builds a timing probe of the memory path (no attention, meaningless output);
 #   PROBE_NOCVT = 1 / 2 / 3 one of the attention without the NVFP4 keys' / values' / both's f16
-#   conversion and block-scale multiply, 4 without the keys' scale multiply only (meaningless output). Only sweeps set them
-#   (scripts/gpu/cuda_decode.sh VARIANTS, decode_sweep.py variants).
+#   conversion and block-scale multiply, 4 without the keys' scale multiply only (meaningless
+#   output). Only sweeps set them (scripts/gpu/cuda_decode.sh VARIANTS, decode_sweep.py variants).
 DEFAULT_TUNING: dict[str, int] = {"DEPTH": 1, "MINB": 5, "PREF": 0, "LAZYMAX": 5, "QSMEM": 1, "SCALESHFL": 1,
                                   "STAGES": 0, "WHOLEPAGE": 0}
 # Per (key, value) element type overrides of the defaults (none measured better today).

@@ -129,8 +129,14 @@ def special_pages(x: torch.Tensor, name: str, gen: torch.Generator) -> None:
         vals = mids[torch.arange(p * h * d) % len(mids)].reshape(p, h, d)
         blocks = torch.tensor([1.0, 2.0, 0.5, 4.0]).repeat_interleave(16).repeat(d // 64)
         x[4] = vals.clamp(max=6.0) * blocks * sign
-        x[4, :, :, ::16] = 6.0 * blocks[::16]        # each block's amax: 6 x a power of two
-        x[4, 0, :, 0] = 2688.0                          # page amax: global scale 1
+        # Page 6 likewise, one bf16 step either side of each E2M1 midpoint: a rounding decided
+        # by a strict comparison where the tie goes the other way.
+        m = mids[:7].to(torch.bfloat16)
+        near = torch.cat((torch.nextafter(m, m + 1), torch.nextafter(m, m - 1))).float()
+        x[6] = near[torch.arange(p * h * d) % len(near)].reshape(p, h, d) * blocks * sign
+        for i in (4, 6):
+            x[i, :, :, ::16] = 6.0 * blocks[::16]        # each block's amax: 6 x a power of two
+            x[i, 0, :, 0] = 2688.0                          # page amax: global scale 1
         # Blocks far below their page's amax: subnormal E4M3 block scales, whose rounding can put
         # |x / s| far past 6 (the clamped path), next to blocks with normal scales.
         x[5, :, :, 16:32] *= 1e-5

@@ -87,12 +87,29 @@ __device__ __forceinline__ int chunk_non_finite(const uint4& v) {
 // as if clamped to 6): scale by m = 2^(1-k) (k = 0, 1, 2 from the exponent) and round to an
 // integer by adding 2^23. Callers clamp to 6 wherever |y| could go past 6.375.
 // Returned biased: the code plus E2M1_BIAS, which nibble_sum takes off for a whole word at once.
+#ifndef E2M1MIN
+#define E2M1MIN 0
+#endif
+#if E2M1MIN
+#define E2M1_BIAS 0x4b000000u
+__device__ __forceinline__ u32 e2m1_mag_biased(float mag) {
+    const float c1 = fma_rn(mag, 2.0f, 8388608.0f);
+    const float c2 = fma_rn(mag, 1.0f, 8388610.0f);
+    const float c3 = fma_rn(mag, 0.5f, 8388612.0f);
+#if E2M1MIN == 2
+    return min(min(__float_as_uint(c1), __float_as_uint(c2)), __float_as_uint(c3));
+#else
+    return __float_as_uint(fminf(fminf(c1, c2), c3));
+#endif
+}
+#else
 #define E2M1_BIAS 0x4b0000feu
 __device__ __forceinline__ u32 e2m1_mag_biased(float mag) {
     const int k = max((int)(__float_as_uint(mag) >> 23), 127);          // 127 + k
     const float m = __uint_as_float((u32)(255 - k) << 23);
     return __float_as_uint(fma_rn(mag, m, 8388608.0f)) + 2u * (u32)k;
 }
+#endif
 // The 8 codes b[e] - E2M1_BIAS as the nibbles e of one word: a sum of b[e] * 16^e (multiply-adds,
 // on the FMA pipe, where shifts and ORs would load the integer ALU pipe that bounds this kernel)
 // plus one constant that removes all eight biases modulo 2^32; codes are < 8, so nothing carries.

@@ -108,7 +108,8 @@ def launch(kern: CudaKernel, page_format: PageFormat, part: int, x: torch.Tensor
     args = [ptr(x.data_ptr()), i64(x.stride(0)), i64(x.stride(1)), i64(x.stride(2)), ptr(page_ids.data_ptr()),
             ptr(storage.data_ptr()), i64(f.page_bytes), i64(data_off), i64(s_off), i64(bs_off), i64(gs_off),
             ptr(static.data_ptr()), ptr(flag.data_ptr())]
-    kern.launch((x.shape[0], f.num_kv_heads, 1), (threads, 1, 1), args)
+    grid = (x.shape[0] * f.num_kv_heads, 1, 1) if kern.defines.get("HFAST") else (x.shape[0], f.num_kv_heads, 1)
+    kern.launch(grid, (threads, 1, 1), args)
 
 
 __all__ = ["NvrtcUnavailableError", "kernel_for", "launch", "select", "supports"]

@@ -3,8 +3,8 @@
 Two kinds, one timing harness (each variant graph-timed over 8 rotated inputs, so every call reads
 HBM; bytes read + written over the time):
   chunks FORMATS "CPL..." "STEPS..."   chunks (8 elements) per thread x division correction steps
-  variants "VAR ..."                   compile-time variants of the NVFP4 path (quantize_cuda.TUNING),
-                                       interleaved as listed, e.g. "default NOCLAMP=1,AMAX2=1 default";
+  variants "VAR ..." [FORMATS]         compile-time variants (quantize_cuda.TUNING) of the NVFP4 path or
+                                       of FORMATS, interleaved as listed, e.g. "default HFAST=1 default";
                                        the copy rate is measured once, first
 
 Usage (GPU machine, repo root, PYTHONPATH=$PWD): python3 scripts/gpu/quantize_sweep.py chunks nvfp4 "4 8" "1 2"
@@ -59,17 +59,18 @@ def chunks(problems: list[Problem], cpls: list[int], steps: list[int]) -> None:
                       f"blocks/SM={k.blocks_per_sm(threads)} {us:.1f} us {tb:.2f} TB/s", flush=True)
 
 
-def variants(prob: Problem, names: list[str]) -> None:
+def variants(problems: list[Problem], names: list[str]) -> None:
     bw = copy_bandwidth(device="cuda")["tb_per_s"]
     print(f"copy rate {bw:.2f} TB/s", flush=True)
     try:
         for var in names:
-            quantize_cuda.TUNING.clear()
-            if var != "default":
-                quantize_cuda.TUNING.update({k: int(v) for k, v in (kv.split("=") for kv in var.split(","))})
-            us, tb, k = prob.time()
-            print(f"{prob.format.name} {var:28s} regs={k.num_regs} {us:.1f} us {tb:.2f} TB/s "
-                  f"{100 * tb / bw:.1f}% of copy", flush=True)
+            for prob in problems:
+                quantize_cuda.TUNING.clear()
+                if var != "default":
+                    quantize_cuda.TUNING.update({k: int(v) for k, v in (kv.split("=") for kv in var.split(","))})
+                us, tb, k = prob.time()
+                print(f"{prob.format.name:11s} {var:28s} regs={k.num_regs} {us:.1f} us {tb:.2f} TB/s "
+                      f"{100 * tb / bw:.1f}% of copy", flush=True)
     finally:
         quantize_cuda.TUNING.clear()
 
@@ -82,14 +83,15 @@ def main() -> None:
     c.add_argument("formats", help="comma-separated, e.g. fp8-token,nvfp4 (bf16 has no CUDA kernel: skipped)")
     c.add_argument("cpl", help='chunks per thread, e.g. "2 4 8"')
     c.add_argument("steps", nargs="?", default="2", help='division correction steps, e.g. "1 2"')
-    v = sub.add_parser("variants", help="NVFP4 compile-time variants, interleaved")
+    v = sub.add_parser("variants", help="compile-time variants, interleaved")
     v.add_argument("variants", help='e.g. "default NOCLAMP=1,AMAX2=1 default"')
+    v.add_argument("formats", nargs="?", default="nvfp4", help="comma-separated, e.g. nvfp4,fp8-token (default nvfp4)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("quantize_sweep: needs a CUDA GPU")
     xs = [torch.randn((PAGES, 16, HEADS, HEAD_DIM), device="cuda").to(torch.bfloat16) for _ in range(8)]
     if args.kind == "variants":
-        variants(Problem("nvfp4", xs), args.variants.split())
+        variants([Problem(name, xs) for name in args.formats.split(",")], args.variants.split())
         return
     problems = [Problem(name, xs) for name in args.formats.split(",")]
     problems = [p for p in problems if quantize_cuda.supports(p.format, 0, xs[0], p.pools[0])]

@@ -136,6 +136,13 @@ def test_emulated_quantize_nvfp4_variants_bit_identical(tuning, monkeypatch):
     check_quantize_bit_identical(DEV, "nvfp4", 2, 128, 16, n=12, pool=20)
 
 
+@pytest.mark.parametrize("name", ["fp8-tensor", "fp8-page", "fp8-token", "nvfp4"])
+def test_emulated_quantize_heads_fastest_grid_bit_identical(name, monkeypatch):
+    """HFAST: one block per (page, head) on a one-dimensional grid, the head fastest."""
+    monkeypatch.setattr(quantize_cuda, "TUNING", {"HFAST": 1})
+    check_quantize_bit_identical(DEV, name, 3, 64, 16, n=12, pool=20)
+
+
 def test_emulated_quantize_counts_non_finite():
     f = make_format("nvfp4", heads=2, head_dim=128)
     storage = torch.zeros((8, f.page_bytes), dtype=torch.uint8)

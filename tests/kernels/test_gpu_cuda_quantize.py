@@ -82,6 +82,14 @@ def test_cuda_quantize_nvfp4_variants_bit_identical(variant, heads, head_dim, pa
     check_quantize_bit_identical(DEV, "nvfp4", heads, head_dim, page_size)
 
 
+@pytest.mark.parametrize("name", COMPACT)
+@pytest.mark.parametrize("heads,head_dim,page_size", SHAPES)
+def test_cuda_quantize_heads_fastest_grid_bit_identical(name, heads, head_dim, page_size, monkeypatch):
+    """HFAST (quantize_cuda.TUNING): the grid with the KV head fastest writes the same bytes."""
+    monkeypatch.setattr(quantize_cuda, "TUNING", {**quantize_cuda.TUNING, "HFAST": 1})
+    check_quantize_bit_identical(DEV, name, heads, head_dim, page_size)
+
+
 @pytest.mark.parametrize("name", ["nvfp4", "fp8-token"])
 def test_cuda_quantize_other_chunks_per_thread_bit_identical(name, monkeypatch):
     """CPL from TUNING: the launch takes its block size from the compiled kernel."""

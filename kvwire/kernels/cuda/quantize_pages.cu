@@ -6,7 +6,9 @@
 //   2 nvfp4), GRAN (fp8 only: 1 token, 2 page, 3 static = tensor/head), CHECK (count NaN/inf
 //   into *flag), DIVSTEPS (FMA correction steps of the exact division, 1 or 2); NVFP4 variants:
 //   NOCLAMP (skip the clamp to 6 where the block scale is a normal E4M3, see below), AMAX2 (block
-//   amax by packed bf16x2 max: one instruction per two elements).
+//   amax by packed bf16x2 max: one instruction per two elements), E2M1MIN (the E2M1 code as the
+//   least of three magic-number roundings, see e2m1_mag_biased); HFAST (a one-dimensional grid with
+//   the KV head fastest, so the blocks running together read whole [H, D] token rows of x).
 //
 // Layout of the work: one block of TPT = P * D / (8 * CPL) threads per (page, KV head) tile; the
 // [P, D] bf16 tile is read with 16-byte loads, all issued before any arithmetic, and stays in
@@ -38,6 +40,9 @@
 #endif
 #ifndef AMAX2
 #define AMAX2 0
+#endif
+#ifndef HFAST
+#define HFAST 0
 #endif
 
 #include "ptx_common.cuh"
@@ -87,6 +92,11 @@ __device__ __forceinline__ int chunk_non_finite(const uint4& v) {
 // as if clamped to 6): scale by m = 2^(1-k) (k = 0, 1, 2 from the exponent) and round to an
 // integer by adding 2^23. Callers clamp to 6 wherever |y| could go past 6.375.
 // Returned biased: the code plus E2M1_BIAS, which nibble_sum takes off for a whole word at once.
+// E2M1MIN: the same code as min(rnd(2|y|), rnd(|y| + 2), rnd(|y| / 2 + 4)), rnd to the nearest
+// integer, ties to even: the three pieces meet at 2 and 4, the function is concave, and rnd is
+// monotone, so the least piece is the right one. Each rnd is one FMA with 2^23 (+2, +4) added, which
+// rounds once and leaves the integer in the low bits; the least is one 3-way integer min. That is
+// three FMA-pipe instructions and one ALU one, against four ALU and one FMA above.
 #ifndef E2M1MIN
 #define E2M1MIN 0
 #endif
@@ -154,15 +164,21 @@ extern "C" __global__ void __launch_bounds__(TPT) kvwire_quantize_pages(
     const float* __restrict__ static_scale, int* __restrict__ flag) {
     __shared__ float sm_max[NWARP];
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+#if HFAST
+    const int h = blockIdx.x % H;
+    const i64 n = blockIdx.x / H;
+#else
     const int h = blockIdx.y;
+    const i64 n = blockIdx.x;
+#endif
     const int c = t % UPR, r0 = t / UPR;
-    const u16* xb = x + (i64)blockIdx.x * sx_n + (i64)h * sx_h + c * (8 * UC);
+    const u16* xb = x + n * sx_n + (i64)h * sx_h + c * (8 * UC);
     uint4 v[NL];
 #pragma unroll
     for (int u = 0; u < NU; ++u)
 #pragma unroll
         for (int k = 0; k < UC; ++k) v[u * UC + k] = ld_stream(xb + (i64)(r0 + u * RPS) * sx_p + 8 * k);
-    u8* page = st + ids[blockIdx.x] * page_bytes;
+    u8* page = st + ids[n] * page_bytes;
     const i64 row0 = (i64)h * P + r0;           // this thread's first row in the page's [H, P] rows
 
 #if CHECK

@@ -137,9 +137,9 @@ def test_emulated_quantize_nvfp4_variants_bit_identical(tuning, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["fp8-tensor", "fp8-page", "fp8-token", "nvfp4"])
-def test_emulated_quantize_heads_fastest_grid_bit_identical(name, monkeypatch):
-    """HFAST: one block per (page, head) on a one-dimensional grid, the head fastest."""
-    monkeypatch.setattr(quantize_cuda, "TUNING", {"HFAST": 1})
+def test_emulated_quantize_pages_fastest_grid_bit_identical(name, monkeypatch):
+    """HFAST=0: the two-dimensional grid, pages fastest (the default grid has the head fastest)."""
+    monkeypatch.setattr(quantize_cuda, "TUNING", {"HFAST": 0})
     check_quantize_bit_identical(DEV, name, 3, 64, 16, n=12, pool=20)
 
 

@@ -84,9 +84,9 @@ def test_cuda_quantize_nvfp4_variants_bit_identical(variant, heads, head_dim, pa
 
 @pytest.mark.parametrize("name", COMPACT)
 @pytest.mark.parametrize("heads,head_dim,page_size", SHAPES)
-def test_cuda_quantize_heads_fastest_grid_bit_identical(name, heads, head_dim, page_size, monkeypatch):
-    """HFAST (quantize_cuda.TUNING): the grid with the KV head fastest writes the same bytes."""
-    monkeypatch.setattr(quantize_cuda, "TUNING", {**quantize_cuda.TUNING, "HFAST": 1})
+def test_cuda_quantize_pages_fastest_grid_bit_identical(name, heads, head_dim, page_size, monkeypatch):
+    """HFAST=0 (quantize_cuda.TUNING): the grid with pages fastest writes the same bytes."""
+    monkeypatch.setattr(quantize_cuda, "TUNING", {**quantize_cuda.TUNING, "HFAST": 0})
     check_quantize_bit_identical(DEV, name, heads, head_dim, page_size)
 
 

@@ -8,8 +8,7 @@
 //   NOCLAMP (skip the clamp to 6 where the block scale is a normal E4M3, see below), AMAX2 (block
 //   amax by packed bf16x2 max: one instruction per two elements), E2M1MIN (the E2M1 code as the
 //   least of three magic-number roundings, see e2m1_mag_biased); HFAST (a one-dimensional grid with
-//   the KV head fastest, so the blocks running together read whole [H, D] token rows of x); QOCC
-//   (resident warps per SM to compile for: registers capped to fit them; 0 leaves it to ptxas).
+//   the KV head fastest, so the blocks running together read whole [H, D] token rows of x).
 //
 // Layout of the work: one block of TPT = P * D / (8 * CPL) threads per (page, KV head) tile; the
 // [P, D] bf16 tile is read with 16-byte loads, all issued before any arithmetic, and stays in
@@ -44,11 +43,6 @@
 #endif
 #ifndef HFAST
 #define HFAST 0
-#endif
-#if defined(QOCC) && QOCC >= TPT / 32
-#define QMINB_ARG , (QOCC * 32 / TPT)
-#else
-#define QMINB_ARG
 #endif
 
 #include "ptx_common.cuh"
@@ -164,7 +158,7 @@ __device__ __forceinline__ float block_max(float a, float* sm, int warp, int lan
     return a;
 }
 
-extern "C" __global__ void __launch_bounds__(TPT QMINB_ARG) kvwire_quantize_pages(
+extern "C" __global__ void __launch_bounds__(TPT) kvwire_quantize_pages(
     const u16* __restrict__ x, i64 sx_n, i64 sx_p, i64 sx_h, const i64* __restrict__ ids,
     u8* __restrict__ st, i64 page_bytes, i64 data_off, i64 s_off, i64 bs_off, i64 gs_off,
     const float* __restrict__ static_scale, int* __restrict__ flag) {

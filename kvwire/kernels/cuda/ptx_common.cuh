@@ -47,6 +47,12 @@ __device__ __forceinline__ void ld16(const u8* p, u32* r) {
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(p));
 }
+// 16 bytes from global memory through L1 (allocated there), for a warp whose next load reads the
+// other half of the same 32-byte sectors.
+__device__ __forceinline__ void ld16_l1(const u8* p, u32* r) {
+    asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(p));
+}
 // The 32-bit shared-memory address of a __shared__ object (what ld.shared and the bulk copies take).
 __device__ __forceinline__ u32 smem_addr(const void* p) {
     u32 r;

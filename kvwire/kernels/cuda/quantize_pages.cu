@@ -8,7 +8,8 @@
 //   NOCLAMP (skip the clamp to 6 where the block scale is a normal E4M3, see below), AMAX2 (block
 //   amax by packed bf16x2 max: one instruction per two elements), E2M1MIN (the E2M1 code as the
 //   least of three magic-number roundings, see e2m1_mag_biased); HFAST (a one-dimensional grid with
-//   the KV head fastest, so the blocks running together read whole [H, D] token rows of x).
+//   the KV head fastest, so the blocks running together read whole [H, D] token rows of x); LDL1
+//   (input loads allocated in L1, see ld_stream).
 //
 // Layout of the work: one block of TPT = P * D / (8 * CPL) threads per (page, KV head) tile; the
 // [P, D] bf16 tile is read with 16-byte loads, all issued before any arithmetic, and stays in
@@ -44,13 +45,22 @@
 #ifndef HFAST
 #define HFAST 0
 #endif
+#ifndef LDL1
+#define LDL1 0
+#endif
 
 #include "ptx_common.cuh"
 #include "exact_division.cuh"      // float_ops.cuh through it
 
+// NVFP4 lanes read their 32-byte block as two 16-byte loads, so each load instruction asks for half
+// of 32 sectors; LDL1 sends them through L1, where the second half can hit.
 __device__ __forceinline__ uint4 ld_stream(const u16* p) {
     uint4 r;
+#if LDL1
+    ld16_l1((const u8*)p, &r.x);
+#else
     ld16((const u8*)p, &r.x);
+#endif
     return r;
 }
 

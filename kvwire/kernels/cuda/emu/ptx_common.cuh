@@ -26,6 +26,7 @@ inline u32 prmt(u32 a, u32 b, u32 sel) {
     return r;
 }
 inline void ld16(const u8* p, u32* r) { std::memcpy(r, p, 16); }
+inline void ld16_l1(const u8* p, u32* r) { std::memcpy(r, p, 16); }
 inline u32 smem_addr(const void* p) { return kvemu::shared_addr(p); }
 inline void lds_v4(u32 a, u32* r) { std::memcpy(r, kvemu::shared_ptr(a), 16); }
 inline void lds_v2(u32 a, u32* r) { std::memcpy(r, kvemu::shared_ptr(a), 8); }

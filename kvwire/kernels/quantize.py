@@ -198,9 +198,17 @@ def write_pages(storage: torch.Tensor, page_format: PageFormat, layer: int, part
     ids = page_ids.to(torch.int64).contiguous()
     if nonfinite is not None and nonfinite.tensor.device != storage.device:
         raise ValueError(f"nonfinite counts on {nonfinite.tensor.device}, storage is on {storage.device}")
-    flag = torch.zeros(1, dtype=torch.int32, device=storage.device) if nonfinite is None else nonfinite.tensor
+    # No launches besides the quantiser's where nothing needs them: a fill or a cast is one more
+    # launch (one more CUDA-graph node) per call. Without the check the flag is never touched, and
+    # without static scales the static argument is never read.
+    if nonfinite is not None:
+        flag = nonfinite.tensor
+    elif check_finite:
+        flag = torch.zeros(1, dtype=torch.int32, device=storage.device)
+    else:
+        flag = torch.empty(1, dtype=torch.int32, device=storage.device)
     static = (static_scale.to(device=storage.device, dtype=torch.float32).contiguous()
-              if static_scale is not None and fmt.has_static_scales else flag.float())
+              if static_scale is not None and fmt.has_static_scales else flag.view(torch.float32))
     # the CUDA kernel on the GPU; on the CPU (interpreter) in the warp emulator, when asked for by name
     emulate = backend == "cuda" and cuda_emulator.emulated(storage.device)
     cuda_kernel = quantize_cuda.select(backend, f, part, x, storage, check_finite,

@@ -136,3 +136,20 @@ def test_cuda_backend_outside_the_scope_raises():
     with pytest.raises(ValueError, match="CUDA quantise kernel does not cover"):
         write_pages(storage, f, 0, 0, torch.arange(4, device=DEV), x, backend="cuda")
     write_pages(storage, f, 0, 0, torch.arange(4, device=DEV), x)    # auto: Triton
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "fp8-token", "bf16"])
+def test_write_pages_runs_one_kernel_without_the_check(name):
+    """With the non-finite check off, the quantiser is all that runs on the GPU: no fill of the flag
+    and no cast of a dummy scale, each of which would be one more node per call in a CUDA graph."""
+    f = make_format(name, heads=8, head_dim=128)
+    storage = torch.zeros((8, f.page_bytes), dtype=torch.uint8, device=DEV)
+    x = torch.randn((4, 16, 8, 128), device=DEV).to(torch.bfloat16)
+    ids = torch.arange(4, device=DEV)
+    write_pages(storage, f, 0, 0, ids, x, check_finite=False)           # compiles
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        write_pages(storage, f, 0, 0, ids, x, check_finite=False)
+        torch.cuda.synchronize()
+    on_gpu = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert len(on_gpu) == 1, on_gpu

@@ -55,10 +55,11 @@ class Shape:
         return f"{label}:{ms:.4f}({nbytes / ms / 1e9:.2f}TB/s,{self.sdpa / ms:.2f}x)"
 
 
-def set_tuning(variant: str) -> None:
-    pdc.TUNING.clear()
+def set_tuning(variant: str, table: dict[str, int] = pdc.TUNING) -> None:
+    """Overrides ``table`` (a kernel module's TUNING) with a variant's "K=V,K=V" ("default": none)."""
+    table.clear()
     if variant != "default":
-        pdc.TUNING.update({k: int(v) for k, v in (kv.split("=") for kv in variant.split(","))})
+        table.update({k: int(v) for k, v in (kv.split("=") for kv in variant.split(","))})
 
 
 def variants(shapes: list[str], formats: list[str], splits: list[int], names: list[str]) -> None:

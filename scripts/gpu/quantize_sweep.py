@@ -21,6 +21,8 @@ from kvwire.formats import KVFormat, PageFormat
 from kvwire.kernels import quantize_cuda
 from kvwire.kernels.quantize import write_pages, written_bytes
 
+from decode_sweep import set_tuning          # scripts/gpu/ (this script's directory is on sys.path)
+
 PAGES, HEADS, HEAD_DIM = 2048, 8, 128      # 32,768 tokens of one layer's K, bf16
 
 
@@ -65,9 +67,7 @@ def variants(problems: list[Problem], names: list[str]) -> None:
     try:
         for var in names:
             for prob in problems:
-                quantize_cuda.TUNING.clear()
-                if var != "default":
-                    quantize_cuda.TUNING.update({k: int(v) for k, v in (kv.split("=") for kv in var.split(","))})
+                set_tuning(var, quantize_cuda.TUNING)
                 us, tb, k = prob.time()
                 print(f"{prob.format.name:11s} {var:28s} regs={k.num_regs} {us:.1f} us {tb:.2f} TB/s "
                       f"{100 * tb / bw:.1f}% of copy", flush=True)

@@ -31,7 +31,7 @@ import torch
 
 from kvwire.bench.targets import format_verdicts, judge
 
-DEFAULT_FORMATS = ("bf16", "fp8-token", "fp8-tensor", "nvfp4", "fp8-token/nvfp4")
+DEFAULT_FORMATS = ("bf16", "fp8-token", "fp8-tensor", "nvfp4", "fp8-token/nvfp4", "fp8-tensor/nvfp4")
 DEFAULT_SHAPES = ("1x32k", "8x32k", "32x32k", "16x128k", "64x8k", "128x2k")
 QUICK_SHAPES = ("1x32k", "32x32k")
 

@@ -19,8 +19,8 @@ from kvwire.kernels.quantize import write_pages, write_pages_reference
 from kvwire.quant import NonFiniteInputError
 
 from .helpers import (
-    DECODE_VARIANT_IDS, DECODE_VARIANTS, check_decode, check_quantize_bit_identical, decode_problem,
-    magnitude_problem, make_format, random_kv,
+    DECODE_VARIANT_IDS, DECODE_VARIANTS, check_decode, check_quantize_bit_identical, check_scales_beside_data,
+    decode_problem, magnitude_problem, make_format, random_kv,
 )
 
 pytestmark = pytest.mark.skipif(not interpreting() or not cuda_emulator.available(),
@@ -119,6 +119,21 @@ def test_emulated_decode_deep_grid_takes_the_staged_ring(monkeypatch):
     check_decode(args, 1e-2, backend="cuda", num_splits=-(-kernels.deep_grid_blocks // rows))
     check_decode(args, 1e-2, backend="cuda", num_splits=4)
     assert launched == [kernels.deep_grid, kernels.regular]
+
+
+@pytest.mark.parametrize("tuning", [{"STAGES": 0}, {"STAGES": 2}, {"STAGES": 0, "SCALESHFL": 0}],
+                         ids=["registers", "staged-ring", "registers-no-shuffle"])
+def test_emulated_decode_scales_beside_data(tuning, monkeypatch):
+    """The BESIDE layout experiment: a pool rearranged by scales_beside_data (each head's token
+    scales right after its data) read by the kernel built with BESIDE=1 gives the reference's
+    attention of the pool as it was; neither the rearranged pool nor the experiment alone does."""
+    check_scales_beside_data(decode_problem(DEV, "fp8-token", q_dtype=torch.float32, **SMALL), tuning, monkeypatch)
+
+
+def test_scales_beside_data_is_for_fp8_token_pages_only():
+    f = make_format("fp8-token/nvfp4")
+    with pytest.raises(ValueError, match="fp8-token keys and values"):
+        paged_decode_cuda.scales_beside_data(torch.zeros((2, f.page_bytes), dtype=torch.uint8), f)
 
 
 @pytest.mark.parametrize("name", ["fp8-tensor", "fp8-page", "fp8-token", "nvfp4"])

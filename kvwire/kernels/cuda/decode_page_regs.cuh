@@ -23,6 +23,18 @@
 // scales (lanes 0-15 the keys', 16-31 the values') and the warp shuffles them to where they are
 // used: one load request per page instead of four, and one lane offset instead of two.
 #define TOKSHFL (SCALESHFL && KELEM == 1 && KGRAN == 1 && VELEM == 1 && VGRAN == 1)
+// BESIDE = 1, a layout experiment (not the page format): fp8-token pages whose token scales sit right
+// after each head's data in both parts, [H][P * D data, P fp32 scales], in the same bytes as the
+// format's [H, P, D] data section followed by its [H, P] scale section
+// (paged_decode_cuda.scales_beside_data rearranges a pool so). One run per head and part instead
+// of two, the layout a format version could adopt if that reads faster.
+#ifndef BESIDE
+#define BESIDE 0
+#endif
+#if BESIDE && !(KELEM == 1 && KGRAN == 1 && VELEM == 1 && VGRAN == 1)
+#error "BESIDE is for fp8-token keys and values"
+#endif
+#define HSTRIDE (BESIDE ? P * D + P * 4 : P * D)    // bytes between heads' data in an fp8 part
 #define KSTEPS (D / 16)
 #define MTILES (D / 16)
 
@@ -51,6 +63,15 @@ struct LaneOffsets {
 __device__ __forceinline__ LaneOffsets lane_offsets(int h, int gi, int ci, i64 k_data, i64 k_s, i64 k_bs, i64 k_gs,
                                                     i64 v_data, i64 v_s, i64 v_bs, i64 v_gs) {
     LaneOffsets o;
+#if BESIDE
+    const i64 hk = k_data + (i64)h * HSTRIDE, hv = v_data + (i64)h * HSTRIDE;    // this head's runs
+    const int lane = 4 * gi + ci;
+    o.k = (u32)(hk + gi * D + 16 * ci);
+    o.v = (u32)(hv + ci * D + gi * VB);
+    o.kbs = o.vbs = 0;
+    o.ks = (u32)(TOKSHFL ? (lane < P ? hk + P * D + lane * 4 : hv + P * D + (lane - P) * 4) : hk + P * D + gi * 4);
+    o.vs = (u32)(hv + P * D + gi * 4);
+#else
 #if KELEM == 1
     o.k = (u32)(k_data + h * P * D + gi * D + 16 * ci);
     o.kbs = 0;
@@ -73,6 +94,7 @@ __device__ __forceinline__ LaneOffsets lane_offsets(int h, int gi, int ci, i64 k
     o.v = (u32)(v_data + h * P * (D / 2) + ci * (D / 2) + gi * (VB / 2));
     o.vbs = (u32)(v_bs + (h * P + ci) * (D / 16) + gi * VB / 16);
     o.vs = (u32)(v_gs + h * 4);
+#endif
 #endif
     return o;
 }

@@ -5,7 +5,7 @@ HBM) and printed as ms(TB/s of compact KV, speedup vs SDPA). Two kinds:
   variants SHAPES FORMATS "SPLITS" "VARIANTS"   compile-time variants x split counts. VARIANTS:
         space-separated KEY=V,KEY=V overrides of paged_decode_cuda.tuning_for, or "default"
         (e.g. "default DEPTH=2 DEPTH=3,MINB=3"); SPLITS: counts, 0 = the default choice. A variant
-        with BESIDE=1 (fp8-token only) runs on copies of the pools in that layout
+        with BESIDE=1 (fp8-token keys or values) runs on copies of the pools in that layout
   placement SHAPE FORMATS                        page placement in the pool, for the kernel and its
         memory-path probe (PROBE_LOADS=1): page tables as kvwire bench attention draws them (a
         random permutation), in shuffled runs of 64 and of 8 consecutive pages, and sequential

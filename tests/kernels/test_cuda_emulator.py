@@ -121,18 +121,23 @@ def test_emulated_decode_deep_grid_takes_the_staged_ring(monkeypatch):
     assert launched == [kernels.deep_grid, kernels.regular]
 
 
-@pytest.mark.parametrize("tuning", [{"STAGES": 0}, {"STAGES": 2}, {"STAGES": 0, "SCALESHFL": 0}],
-                         ids=["registers", "staged-ring", "registers-no-shuffle"])
-def test_emulated_decode_scales_beside_data(tuning, monkeypatch):
-    """The BESIDE layout experiment: a pool rearranged by scales_beside_data (each head's token
-    scales right after its data) read by the kernel built with BESIDE=1 gives the reference's
-    attention of the pool as it was; neither the rearranged pool nor the experiment alone does."""
-    check_scales_beside_data(decode_problem(DEV, "fp8-token", q_dtype=torch.float32, **SMALL), tuning, monkeypatch)
+@pytest.mark.parametrize("name,tuning", [
+    ("fp8-token", {"STAGES": 0}), ("fp8-token", {"STAGES": 2}), ("fp8-token", {"STAGES": 0, "SCALESHFL": 0}),
+    ("fp8-token/nvfp4", {"STAGES": 0}), ("fp8-token/nvfp4", {"STAGES": 2}), ("nvfp4/fp8-token", {"STAGES": 2}),
+], ids=["registers", "staged-ring", "registers-no-shuffle", "mixed-registers", "mixed-staged-ring",
+        "fp8-token-values-staged-ring"])
+def test_emulated_decode_scales_beside_data(name, tuning, monkeypatch):
+    """The BESIDE layout experiment: fp8-token parts rearranged by scales_beside_data (each head's
+    token scales right after its data) and read by the kernel built with BESIDE=1 give the
+    reference's attention of the pool as it was; neither the rearranged pool nor the experiment
+    alone does. Keys and values, keys only, values only."""
+    check_scales_beside_data(decode_problem(DEV, name, q_dtype=torch.float32, **SMALL), tuning, monkeypatch)
 
 
-def test_scales_beside_data_is_for_fp8_token_pages_only():
-    f = make_format("fp8-token/nvfp4")
-    with pytest.raises(ValueError, match="fp8-token keys and values"):
+@pytest.mark.parametrize("name", ["nvfp4", "fp8-tensor/nvfp4", "fp8-page"])
+def test_scales_beside_data_needs_fp8_token_parts(name):
+    f = make_format(name)
+    with pytest.raises(ValueError, match="needs fp8-token keys or values"):
         paged_decode_cuda.scales_beside_data(torch.zeros((2, f.page_bytes), dtype=torch.uint8), f)
 
 

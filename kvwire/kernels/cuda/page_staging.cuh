@@ -37,7 +37,7 @@
 #define SV_SCALE (HPB * P * D / 16 + SCHUNK_MAX)
 #endif
 #if BESIDE
-// (BESIDE, one head per slot) [K data][K scales][V data][V scales]: each part's head is one run
+// (BESIDE, one head per slot) [K data][K scales][V data][V scales]: an fp8-token part is one run
 #define SLOT_K 0
 #define SLOT_KS SK_DATA
 #define SLOT_V (SK_DATA + SK_SCALE)
@@ -91,9 +91,11 @@ __device__ __forceinline__ StageSources stage_sources(int h0, i64 k_data, i64 k_
     s.ks = ks.scales; s.kg = ks.global;
     s.vs = vs.scales; s.vg = vs.global;
     s.bytes = HPB * (SK_DATA + SV_DATA) + ks.bytes + vs.bytes;
-#if BESIDE
-    s.k = (u32)(k_data + h0 * HSTRIDE);
-    s.v = (u32)(v_data + h0 * HSTRIDE);
+#if KBESIDE
+    s.k = (u32)(k_data + h0 * TOKRUN);
+#endif
+#if VBESIDE
+    s.v = (u32)(v_data + h0 * TOKRUN);
 #endif
     return s;
 }
@@ -117,8 +119,19 @@ __device__ __forceinline__ void stage_scales(u32 dst, const u8* page, u32 src, u
 __device__ __forceinline__ void stage_page(u32 slot, u32 bar, const u8* page, const StageSources& s) {
     mbar_expect(bar, s.bytes);
 #if BESIDE
-    bulk_copy(slot + SLOT_K, page + s.k, SK_DATA + SK_SCALE, bar);     // data and scales: one run
-    bulk_copy(slot + SLOT_V, page + s.v, SV_DATA + SV_SCALE, bar);
+    // an fp8-token part's data and scales are one run: one copy
+    if (KBESIDE) {
+        bulk_copy(slot + SLOT_K, page + s.k, SK_DATA + SK_SCALE, bar);
+    } else {
+        bulk_copy(slot + SLOT_K, page + s.k, SK_DATA, bar);
+        stage_scales(slot + SLOT_KS, page, s.ks, s.kg, KGRAN, KELEM == 2, s, bar);
+    }
+    if (VBESIDE) {
+        bulk_copy(slot + SLOT_V, page + s.v, SV_DATA + SV_SCALE, bar);
+    } else {
+        bulk_copy(slot + SLOT_V, page + s.v, SV_DATA, bar);
+        stage_scales(slot + SLOT_VS, page, s.vs, s.vg, VGRAN, VELEM == 2, s, bar);
+    }
 #else
     bulk_copy(slot + SLOT_K, page + s.k, HPB * SK_DATA, bar);
     bulk_copy(slot + SLOT_V, page + s.v, HPB * SV_DATA, bar);

@@ -250,11 +250,6 @@ def split_partials(kernels: DecodeKernels, q: torch.Tensor, storage: torch.Tenso
     kern.launch(grid(kern, splits, bsz, f.num_kv_heads), (32 * kern.defines["NW"], 1, 1), args)
 
 
-__all__ = ["DecodeKernels", "NvrtcUnavailableError", "deep_grid_stages", "default_splits", "dependent_launch", "grid",
-           "heads_per_block", "kernel_for", "kernels_for", "select", "split_partials", "supports",
-           "tuning_for"]
-
-
 def scales_beside_data(storage: torch.Tensor, page_format: PageFormat) -> None:
     """Rearrange every page of ``storage`` in place for the ``BESIDE`` layout experiment: in each
     layer's fp8-token K and V, the [H, P, D] data section and the [H, P] fp32 token-scale section
@@ -274,3 +269,9 @@ def scales_beside_data(storage: torch.Tensor, page_format: PageFormat) -> None:
             region = storage[:, data.offset:scales.offset + h * p * 4]
             runs = torch.cat((region[:, :h * p * d].reshape(n, h, p * d), region[:, h * p * d:].reshape(n, h, p * 4)), 2)
             region.copy_(runs.reshape(n, -1))
+
+
+__all__ = ["DecodeKernels", "NvrtcUnavailableError", "deep_grid_stages", "default_splits", "dependent_launch", "grid",
+           "heads_per_block", "kernel_for", "kernels_for", "scales_beside_data", "select", "split_partials",
+           "supports", "tuning_for"]
+

@@ -99,7 +99,7 @@ def matrix() -> dict[str, tuple[str, str, dict[str, int]]]:
         name = f"quantize elem={elem} gran={gran} cpl={cpl} check={check}{shape}"
         out[name] = (quantize_cuda.SOURCE, quantize_cuda.KERNEL,
                      {"H": h, "P": 16, "D": d, "CPL": cpl, "ELEM": elem, "GRAN": gran, "CHECK": check, "DIVSTEPS": 1,
-                      **quantize_cuda.DEFAULT_TUNING})
+                      **quantize_cuda.DEFAULT_TUNING, **(quantize_cuda.NVFP4_TUNING if elem == 2 else {})})
     return out
 
 

@@ -9,7 +9,7 @@
 //   amax by packed bf16x2 max: one instruction per two elements), E2M1MIN (the E2M1 code as the
 //   least of three magic-number roundings, see e2m1_mag_biased); HFAST (a one-dimensional grid with
 //   the KV head fastest, so the blocks running together read whole [H, D] token rows of x); LDL1
-//   (input loads allocated in L1, see ld_stream).
+//   (input loads allocated in L1, see ld_stream; on by default for NVFP4, quantize_cuda.py).
 //
 // Layout of the work: one block of TPT = P * D / (8 * CPL) threads per (page, KV head) tile; the
 // [P, D] bf16 tile is read with 16-byte loads, all issued before any arithmetic, and stays in

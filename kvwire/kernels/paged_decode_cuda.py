@@ -274,4 +274,3 @@ def scales_beside_data(storage: torch.Tensor, page_format: PageFormat) -> None:
 __all__ = ["DecodeKernels", "NvrtcUnavailableError", "deep_grid_stages", "default_splits", "dependent_launch", "grid",
            "heads_per_block", "kernel_for", "kernels_for", "scales_beside_data", "select", "split_partials",
            "supports", "tuning_for"]
-

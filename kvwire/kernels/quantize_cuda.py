@@ -66,13 +66,17 @@ def supports(page_format: PageFormat, part: int, x: torch.Tensor, storage: torch
     return emulated(x.device) or torch.cuda.get_device_capability(x.device) >= (8, 9)
 
 
+def default_tuning(element: ElementType) -> dict[str, int]:
+    """The shipped compile-time variants for pages of ``element`` (before TUNING's overrides)."""
+    return {**DEFAULT_TUNING, **(NVFP4_TUNING if element is ElementType.NVFP4 else {})}
+
+
 def kernel_for(page_format: PageFormat, part: int, check_finite: bool, device: torch.device) -> CudaKernel:
     f = page_format
     fmt = f.part_format(part)
     defines = {"H": f.num_kv_heads, "P": f.page_size, "D": f.head_dim, "CPL": chunks_per_thread(f, part),
                "ELEM": 1 if fmt.element is ElementType.FP8 else 2, "GRAN": gran_code(fmt),
-               "CHECK": int(check_finite), "DIVSTEPS": DIVISION_STEPS, **DEFAULT_TUNING,
-               **(NVFP4_TUNING if fmt.element is ElementType.NVFP4 else {}), **TUNING}
+               "CHECK": int(check_finite), "DIVSTEPS": DIVISION_STEPS, **default_tuning(fmt.element), **TUNING}
     if emulated(device):
         return cuda_emulator.load_emulated(SOURCE, KERNEL, defines)
     return load_kernel(SOURCE, KERNEL, defines, device)
@@ -120,4 +124,4 @@ def launch(kern: CudaKernel, page_format: PageFormat, part: int, x: torch.Tensor
     kern.launch(grid, (threads, 1, 1), args)
 
 
-__all__ = ["NvrtcUnavailableError", "kernel_for", "launch", "select", "supports"]
+__all__ = ["NvrtcUnavailableError", "default_tuning", "kernel_for", "launch", "select", "supports"]

@@ -33,7 +33,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import triton  # noqa: E402
 
-from kvwire.formats import ElementType  # noqa: E402
 from kvwire.kernels import nvrtc, paged_decode_cuda, quantize_cuda  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -100,7 +99,7 @@ def matrix() -> dict[str, tuple[str, str, dict[str, int]]]:
         name = f"quantize elem={elem} gran={gran} cpl={cpl} check={check}{shape}"
         out[name] = (quantize_cuda.SOURCE, quantize_cuda.KERNEL,
                      {"H": h, "P": 16, "D": d, "CPL": cpl, "ELEM": elem, "GRAN": gran, "CHECK": check, "DIVSTEPS": 1,
-                      **quantize_cuda.default_tuning(ElementType.NVFP4 if elem == 2 else ElementType.FP8)})
+                      **quantize_cuda.DEFAULT_TUNING})
     return out
 
 

@@ -41,12 +41,10 @@ DIVISION_STEPS = 1
 # multiply-high) 30.5 us, dropped. 2026-12-05: HFAST (the grid with the KV head fastest) and E2M1MIN
 # (the E2M1 code by three FMAs and a min): NVFP4 28.6-28.9 us against 29.3-29.7 (H200), most of it
 # HFAST, which also makes the FP8 kernels 1-3% faster; E2M1MIN alone is within the spread.
-DEFAULT_TUNING: dict[str, int] = {"NOCLAMP": 1, "AMAX2": 1, "HFAST": 1, "E2M1MIN": 1}
-# NVFP4 only (its lanes read a 32-byte block as two 16-byte loads): LDL1 (input loads through L1)
-# made NVFP4 33.8 -> 32.7-32.8 us at 32k tokens, 83.5 -> 86.3% of the copy rate, two interleaved
-# rounds on an H100 (2026-12-05, docs/benchmarks.md); not yet timed on the H200. FP8 lanes read whole
-# sectors per load and were not measured with it, so they keep the default loads.
-NVFP4_TUNING: dict[str, int] = {"LDL1": 1}
+# LDL1 (input loads allocated in L1), two interleaved rounds at 32k tokens on an H100: NVFP4 33.8 ->
+# 32.7-32.8 us (2026-12-05), fp8-tensor 37.4 -> 36.5-36.7, fp8-page 38.3-38.5 -> 37.0-37.4,
+# fp8-token 39.1 -> 37.5-37.6 (2026-12-06); not yet timed on the H200.
+DEFAULT_TUNING: dict[str, int] = {"NOCLAMP": 1, "AMAX2": 1, "HFAST": 1, "E2M1MIN": 1, "LDL1": 1}
 # Overrides on top of the defaults, for benchmarks, sweeps and tests of other variants.
 TUNING: dict[str, int] = {}
 
@@ -66,17 +64,12 @@ def supports(page_format: PageFormat, part: int, x: torch.Tensor, storage: torch
     return emulated(x.device) or torch.cuda.get_device_capability(x.device) >= (8, 9)
 
 
-def default_tuning(element: ElementType) -> dict[str, int]:
-    """The shipped compile-time variants for pages of ``element`` (before TUNING's overrides)."""
-    return {**DEFAULT_TUNING, **(NVFP4_TUNING if element is ElementType.NVFP4 else {})}
-
-
 def kernel_for(page_format: PageFormat, part: int, check_finite: bool, device: torch.device) -> CudaKernel:
     f = page_format
     fmt = f.part_format(part)
     defines = {"H": f.num_kv_heads, "P": f.page_size, "D": f.head_dim, "CPL": chunks_per_thread(f, part),
                "ELEM": 1 if fmt.element is ElementType.FP8 else 2, "GRAN": gran_code(fmt),
-               "CHECK": int(check_finite), "DIVSTEPS": DIVISION_STEPS, **default_tuning(fmt.element), **TUNING}
+               "CHECK": int(check_finite), "DIVSTEPS": DIVISION_STEPS, **DEFAULT_TUNING, **TUNING}
     if emulated(device):
         return cuda_emulator.load_emulated(SOURCE, KERNEL, defines)
     return load_kernel(SOURCE, KERNEL, defines, device)
@@ -124,4 +117,4 @@ def launch(kern: CudaKernel, page_format: PageFormat, part: int, x: torch.Tensor
     kern.launch(grid, (threads, 1, 1), args)
 
 
-__all__ = ["NvrtcUnavailableError", "default_tuning", "kernel_for", "launch", "select", "supports"]
+__all__ = ["NvrtcUnavailableError", "kernel_for", "launch", "select", "supports"]

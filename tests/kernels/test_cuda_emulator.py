@@ -157,9 +157,11 @@ def test_emulated_quantize_nvfp4_variants_bit_identical(tuning, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["fp8-tensor", "fp8-page", "fp8-token", "nvfp4"])
-def test_emulated_quantize_pages_fastest_grid_bit_identical(name, monkeypatch):
-    """HFAST=0: the two-dimensional grid, pages fastest (the default grid has the head fastest)."""
-    monkeypatch.setattr(quantize_cuda, "TUNING", {"HFAST": 0})
+@pytest.mark.parametrize("variant", [{"HFAST": 0}, {"LDL1": 0}], ids=["pages-fastest-grid", "loads-not-through-l1"])
+def test_emulated_quantize_other_grid_and_loads_bit_identical(name, variant, monkeypatch):
+    """HFAST=0 (the two-dimensional grid, pages fastest; the default has the head fastest) and
+    LDL1=0 (input loads not allocated in L1)."""
+    monkeypatch.setattr(quantize_cuda, "TUNING", dict(variant))
     check_quantize_bit_identical(DEV, name, 3, 64, 16, n=12, pool=20)
 
 

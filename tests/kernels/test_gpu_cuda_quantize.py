@@ -86,9 +86,11 @@ def test_cuda_quantize_nvfp4_variants_bit_identical(variant, heads, head_dim, pa
 
 @pytest.mark.parametrize("name", COMPACT)
 @pytest.mark.parametrize("heads,head_dim,page_size", SHAPES)
-def test_cuda_quantize_pages_fastest_grid_bit_identical(name, heads, head_dim, page_size, monkeypatch):
-    """HFAST=0 (quantize_cuda.TUNING): the grid with pages fastest writes the same bytes."""
-    monkeypatch.setattr(quantize_cuda, "TUNING", {**quantize_cuda.TUNING, "HFAST": 0})
+@pytest.mark.parametrize("variant", [{"HFAST": 0}, {"LDL1": 0}], ids=["pages-fastest-grid", "loads-not-through-l1"])
+def test_cuda_quantize_other_grid_and_loads_bit_identical(name, heads, head_dim, page_size, variant, monkeypatch):
+    """HFAST=0 (the grid with pages fastest) and LDL1=0 (input loads not allocated in L1), every
+    format (quantize_cuda.TUNING): the same bytes."""
+    monkeypatch.setattr(quantize_cuda, "TUNING", {**quantize_cuda.TUNING, **variant})
     check_quantize_bit_identical(DEV, name, heads, head_dim, page_size)
 
 

@@ -9,7 +9,7 @@
 //   amax by packed bf16x2 max: one instruction per two elements), E2M1MIN (the E2M1 code as the
 //   least of three magic-number roundings, see e2m1_mag_biased); HFAST (a one-dimensional grid with
 //   the KV head fastest, so the blocks running together read whole [H, D] token rows of x); LDL1
-//   (input loads allocated in L1, see ld_stream; on by default for NVFP4, quantize_cuda.py).
+//   (input loads allocated in L1, see ld_stream; on by default, quantize_cuda.py).
 //
 // Layout of the work: one block of TPT = P * D / (8 * CPL) threads per (page, KV head) tile; the
 // [P, D] bf16 tile is read with 16-byte loads, all issued before any arithmetic, and stays in
@@ -52,8 +52,9 @@
 #include "ptx_common.cuh"
 #include "exact_division.cuh"      // float_ops.cuh through it
 
-// NVFP4 lanes read their 32-byte block as two 16-byte loads, so each load instruction asks for half
-// of 32 sectors; LDL1 sends them through L1, where the second half can hit.
+// A lane's 16-byte loads are not whole sectors of one request (NVFP4 lanes read their 32-byte block
+// as two of them, so each instruction asks for half of 32 sectors); LDL1 sends them through L1,
+// where the rest of a sector can hit. Measured 2-4% faster for every format (quantize_cuda.py).
 __device__ __forceinline__ uint4 ld_stream(const u16* p) {
     uint4 r;
 #if LDL1

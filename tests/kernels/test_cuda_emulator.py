@@ -148,9 +148,8 @@ def test_emulated_quantize_bit_identical(name, heads, head_dim, page_size):
 
 
 @pytest.mark.parametrize("tuning", [{"NOCLAMP": 0, "AMAX2": 0}, {"NOCLAMP": 1, "AMAX2": 0}, {"NOCLAMP": 0, "AMAX2": 1},
-                                    {"CPL": 4}, {"E2M1MIN": 0}, {"E2M1MIN": 1, "NOCLAMP": 0}, {"LDL1": 0}],
-                         ids=["clamped", "no-clamp", "packed-amax", "4-chunks", "exponent-e2m1", "min-e2m1-clamped",
-                              "loads-not-through-l1"])
+                                    {"CPL": 4}, {"E2M1MIN": 0}, {"E2M1MIN": 1, "NOCLAMP": 0}],
+                         ids=["clamped", "no-clamp", "packed-amax", "4-chunks", "exponent-e2m1", "min-e2m1-clamped"])
 def test_emulated_quantize_nvfp4_variants_bit_identical(tuning, monkeypatch):
     monkeypatch.setattr(quantize_cuda, "TUNING", dict(tuning))
     check_quantize_bit_identical(DEV, "nvfp4", 2, 128, 16, n=12, pool=20)

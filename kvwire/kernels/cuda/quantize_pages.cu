@@ -52,9 +52,9 @@
 #include "ptx_common.cuh"
 #include "exact_division.cuh"      // float_ops.cuh through it
 
-// A lane's 16-byte loads are not whole sectors of one request (NVFP4 lanes read their 32-byte block
-// as two of them, so each instruction asks for half of 32 sectors); LDL1 sends them through L1,
-// where the rest of a sector can hit. Measured 2-4% faster for every format (quantize_cuda.py).
+// NVFP4 lanes read their 32-byte block as two 16-byte loads, so each load instruction asks for half
+// of 32 sectors; LDL1 sends them through L1, where the second half can hit. FP8 lanes gained too
+// (2-4% on an H100, quantize_cuda.py); why was not profiled.
 __device__ __forceinline__ uint4 ld_stream(const u16* p) {
     uint4 r;
 #if LDL1

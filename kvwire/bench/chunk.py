@@ -9,7 +9,9 @@ and in one pass (``num_splits=1``, the kernel before split-KV), the TFLOP/s of t
 attention, and the ratio to torch SDPA on contiguous bf16 K/V: the faster of SDPA with the same
 causal mask (lower-right aligned: query i sees keys 0 .. prefix + i) and SDPA with no mask (a bit
 more work, but the mask can steer torch to a slower backend), all measured in one run. The error is
-against ``paged_chunk_reference`` (pages decoded by the torch reference, fp32 attention).
+against ``paged_chunk_reference`` (pages decoded by the torch reference, fp32 attention). With
+``--gathered-backends`` (default: all three), each row also times ``chunk_gathered.gathered_chunk_attention`` (the prefix decoded
+to bf16 by ``page_gather``, then each of torch's cuDNN / flash / efficient kernels) and the gather alone.
 
 Timing: each call captured in a CUDA graph (no host launch cost), median of the replays.
 """
@@ -31,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated stored-prefix lengths in tokens (k = 1024)")
     parser.add_argument("--chunks", default="512,64", help="comma-separated query counts of the chunk")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument("--gathered-backends", default="cudnn,flash,efficient",
+                        help="prefix kernels to time on the gathered path (the prefix decoded to bf16, then torch's "
+                             "cuDNN / flash / efficient attention); empty: skip that path")
     parser.add_argument("--num-q-heads", type=int, default=32)
     parser.add_argument("--num-kv-heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=128)
@@ -59,6 +64,7 @@ def run(args) -> dict:
     from kvwire.errors import NoGpuError, UsageError
     from kvwire.formats import KVFormat, PageFormat
     from kvwire.kernels.chunk_attention import paged_chunk_attention, paged_chunk_reference
+    from kvwire.kernels.chunk_gathered import PrefixBackend
     from kvwire.kernels.chunk_plan import default_tile, planned_splits
     if not torch.cuda.is_available():
         raise NoGpuError("kvwire bench chunk needs a CUDA GPU (torch sees none here)")
@@ -66,6 +72,12 @@ def run(args) -> dict:
     reps = 10 if args.quick else 30
     hq, h, d, p = args.num_q_heads, args.num_kv_heads, args.head_dim, args.page_size
     gen = torch.Generator(device=dev).manual_seed(0)
+    names = [b.strip() for b in args.gathered_backends.split(",") if b.strip()]
+    unknown = sorted(set(names) - {b.value for b in PrefixBackend})
+    if unknown:
+        raise UsageError(f"--gathered-backends: unknown {', '.join(unknown)} "
+                         f"(choose from {', '.join(b.value for b in PrefixBackend)})")
+    backends = [PrefixBackend(b) for b in names]
     rows = []
     cases = [(_tokens(a), int(c)) for a in args.prefixes.split(",") if a.strip()
              for c in args.chunks.split(",") if c.strip()]
@@ -108,10 +120,43 @@ def run(args) -> dict:
             rows.append(row)
             print(f"  {name:16s} tile {tile} splits={splits:2d} {split_ms:.3f} ms (one pass {one_ms:.3f}) "
                   f"{row['tflops']:.0f} TFLOP/s  {row['vs_sdpa']:.2f}x SDPA  err {err:.1e}", flush=True)
+            if backends:
+                row.update(_time_gathered(q, pos, storage, f, ids, ko, vo, prefix, static, ref, reps, backends))
+                row["gathered_vs_sdpa"] = {b: sdpa_ms / t for b, t in row["gathered_ms"].items() if t}
+                print(f"  {'':16s} gathered: prefix gather {row['gather_ms']:.3f} ms; "
+                      + ", ".join(f"{b} {t:.3f} ms ({sdpa_ms / t:.2f}x SDPA, err {row['gathered_err'][b]:.1e})"
+                                  if t else f"{b} failed" for b, t in row["gathered_ms"].items()), flush=True)
             del storage
     return {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
             "shape": {"num_q_heads": hq, "num_kv_heads": h, "head_dim": d, "page_size": p},
             "rows": rows}
+
+
+def _time_gathered(q, pos, storage, f, ids, ko, vo, prefix: int, static, ref: torch.Tensor, reps: int,
+                   backends: list) -> dict:
+    """``gathered_chunk_attention`` with each prefix backend (time and error against ``ref``; None
+    where the backend refused the call), and ``gather_pages`` of the prefix alone."""
+    from kvwire.bench.attention import time_graph
+    from kvwire.kernels.chunk_gathered import gathered_chunk_attention
+    from kvwire.kernels.page_gather import gather_pages
+
+    lead = ids[: prefix // f.page_size]
+    buf = torch.empty((2, f.num_kv_heads, prefix, f.head_dim), dtype=torch.bfloat16, device=q.device)
+    res = {"gather_ms": time_graph([lambda: gather_pages(storage, f, 0, lead, static, buf)], reps),
+           "gathered_ms": {}, "gathered_err": {}}
+    for b in backends:
+        out = torch.full_like(q, float("nan"))
+
+        def call():
+            return gathered_chunk_attention(q, pos, storage, f, 0, ids, ko, vo, prefix, static, out, backend=b)
+        try:
+            call()
+            res["gathered_err"][b.value] = float((out.double() - ref.double()).norm() / ref.double().norm())
+            res["gathered_ms"][b.value] = time_graph([call], reps)
+        except RuntimeError as e:
+            print(f"  gathered, {b.value}: {type(e).__name__} {str(e)[:160]}", flush=True)
+            res["gathered_ms"][b.value] = res["gathered_err"][b.value] = None
+    return res
 
 
 def stored_pages(f, k_all: torch.Tensor, v_all: torch.Tensor, gen: torch.Generator):
@@ -158,13 +203,16 @@ def format_table(result: dict) -> str:
              f"D={s['head_dim']} P={s['page_size']}, a chunk of queries after a stored prefix",
              "SDPA: bf16 on contiguous K/V, the faster of causal-masked and unmasked",
              "| prefix | chunk | format | tile | splits | ms | one pass ms | speedup | TFLOP/s | SDPA causal ms "
-             "| SDPA no mask ms | vs SDPA | rel err |",
-             "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| SDPA no mask ms | vs SDPA | rel err | gathered: best ms | vs SDPA |",
+             "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for r in result["rows"]:
+        timed = {b: t for b, t in r.get("gathered_ms", {}).items() if t}
+        best = min(timed, key=timed.get) if timed else None
+        gathered = f"{timed[best]:.3f} ({best}) | {r['sdpa_ms'] / timed[best]:.2f}x" if best else "- | -"
         lines.append(f"| {r['prefix']} | {r['chunk']} | {r['format']} | {r['tile']} | {r['splits']} | "
                      f"{r['ms']:.3f} | {r['one_pass_ms']:.3f} | {r['speedup_vs_one_pass']:.2f}x | "
                      f"{r['tflops']:.0f} | {r['sdpa_causal_ms']:.3f} | {r['sdpa_no_mask_ms']:.3f} | "
-                     f"{r['vs_sdpa']:.2f}x | {r['rel_err']:.1e} |")
+                     f"{r['vs_sdpa']:.2f}x | {r['rel_err']:.1e} | {gathered} |")
     return "\n".join(lines)
 
 

@@ -277,7 +277,7 @@ def paged_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.T
                           open_start: int, static_scales: torch.Tensor | None = None,
                           out: torch.Tensor | None = None, *, block_n: int | None = None, rows: int | None = None,
                           num_warps: int | None = None, num_stages: int | None = None,
-                          num_splits: int | None = None,
+                          num_splits: int | None = None, prefix_partial: tuple[torch.Tensor, torch.Tensor] | None = None,
                           nvfp4_asm: bool = True, fp8_dot: bool = True, _hw: bool | None = None) -> torch.Tensor:
     """Attention of one sequence's queries ``q`` [N, Hq, D] at positions ``q_pos`` [N].
 
@@ -286,6 +286,8 @@ def paged_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.T
     own position must lie in it); static_scales [L, 2, H] for fp8 tensor/head formats.
     num_splits: ranges the stored pages are split into (None: ``chunk_plan.planned_splits``; 1: one pass,
     no partials). fp8_dot: FP8 keys on E4M3 tensor cores (sm_89+; False: dequantised to fp16 first).
+    prefix_partial: (out [N, Hq, D], log-sum-exp [N, Hq], natural log) of the same queries over keys
+    that lie before all of these (``chunk_gathered``), merged in as one more partial.
     Returns [N, Hq, D] in q's dtype, as ``attend_paged_reference`` over the decoded pages.
     """
     f = page_format
@@ -302,7 +304,12 @@ def paged_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.T
         out = torch.empty_like(q)
     if n == 0:
         return out
+    if prefix_partial is not None and (tuple(prefix_partial[0].shape) != (n, hq, d)
+                                       or tuple(prefix_partial[1].shape) != (n, hq)):
+        raise ValueError(f"prefix_partial must be ([{n}, {hq}, {d}], [{n}, {hq}])")
     if not use_triton(storage):
+        if prefix_partial is not None:
+            raise ValueError("prefix_partial needs the Triton kernel (CUDA or TRITON_INTERPRET=1)")
         out.copy_(paged_chunk_reference(q, q_pos, storage, f, layer, page_ids, k_open, v_open, open_start,
                                         static_scales))
         return out
@@ -313,15 +320,16 @@ def paged_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.T
     if explicit:
         tile = (rows or tile[0], block_n or tile[1], num_warps or tile[2], num_stages or tile[3])
     launch = functools.partial(_launch, q, q_pos, storage, f, layer, page_ids, k_open, v_open, open_start,
-                               static_scales, out, num_splits, nvfp4_asm, fp8_dot, hw)
+                               static_scales, out, num_splits, prefix_partial, nvfp4_asm, fp8_dot, hw)
     launch_fitting(launch, tile, (str(dev), f.kv.name, d, hq // h), explicit)
     return out
 
 
 def _launch(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.Tensor, f: PageFormat, layer: int,
             page_ids: torch.Tensor, k_open: torch.Tensor, v_open: torch.Tensor, open_start: int,
-            static_scales: torch.Tensor | None, out: torch.Tensor, num_splits: int | None, nvfp4_asm: bool,
-            fp8_dot: bool, hw: bool, tile: tuple[int, int, int, int]) -> None:
+            static_scales: torch.Tensor | None, out: torch.Tensor, num_splits: int | None,
+            prefix_partial: tuple[torch.Tensor, torch.Tensor] | None, nvfp4_asm: bool, fp8_dot: bool, hw: bool,
+            tile: tuple[int, int, int, int]) -> None:
     """One call of ``paged_chunk_attention`` (arguments checked) in launch tile ``tile``."""
     n, hq, d = q.shape
     h = f.num_kv_heads
@@ -344,10 +352,11 @@ def _launch(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.Tensor, f: Page
     splits = planned_splits(n, hq, f, ids.numel(), dev, tile) if num_splits is None else int(num_splits)
     if splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {splits}")
-    split = splits > 1
+    split = splits > 1 or prefix_partial is not None
     # every split's range a whole number of key tiles, the ranges covering the stored prefix
     split_tokens = triton.cdiv(triton.cdiv(max(stored, 1), splits), bn) * bn
-    parts = splits + 1 if split else 1                  # split S: the open tokens
+    programs = splits + 1 if split else 1               # split S: the open tokens
+    parts = programs + (prefix_partial is not None)     # and the prefix's partial last
     # an E4M3 dot reduces over at least 32 elements: smaller heads keep the fp16 path
     fp8_keys = fp8_dot and kf.element is ElementType.FP8 and block_d >= 32 and fp8_tensor_cores(dev)
     # the FP8 key bytes as E4M3 for that dot only: an fp8e4nv pointer does not compile before sm_89,
@@ -357,9 +366,13 @@ def _launch(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.Tensor, f: Page
         part_acc = partials((parts, n, hq, d), dev, hw)
         part_m = partials((parts, n, hq), dev, hw)
         part_l = partials((parts, n, hq), dev, hw)
+        if prefix_partial is not None:   # as a partial: normalised (l = 1), its max the log2-sum-exp
+            part_acc[-1].copy_(prefix_partial[0])
+            torch.mul(prefix_partial[1], LOG2E, out=part_m[-1])
+            part_l[-1].fill_(1.0)
     else:
         part_acc = part_m = part_l = out                # not touched
-    _chunk_kernel[(m_blocks, h, parts)](
+    _chunk_kernel[(m_blocks, h, programs)](
         q, *q.stride(), qpos, n, storage, stf8, st16, st16, st32, ids, ids.numel(), static,
         ko, *ko.stride(), vo, *vo.stride(), ko.shape[0], open_start,
         out, *out.stride(), part_acc, part_m, part_l, splits, split_tokens,

@@ -1,0 +1,93 @@
+"""Chunk attention with the prefix gathered to bf16 and handed to a FlashAttention-class kernel.
+
+``paged_chunk_attention`` reads compact pages directly and dequantises each tile in registers.
+That is what decode needs, but a chunk of hundreds of queries after a long prefix is
+compute-bound, and there the paged Triton kernel reached 0.40-0.66x of bf16 SDPA on an H200
+(docs/benchmarks.md, "Chunk attention"). This path splits the same computation in two:
+
+1. the *prefix*: stored pages ``0 .. open_start/P - 1``, which every query sees in full (a
+   query's own position lies in the open region). ``page_gather.gather_pages`` decodes them to
+   contiguous bf16 (one read of the compact pages, one bf16 write), and one unmasked attention
+   kernel of torch's (``PrefixBackend``) returns their output and log-sum-exp;
+2. the *chunk region*: the stored pages from ``open_start`` on and the open tokens, with the
+   page-causal rule, by ``paged_chunk_attention`` on those pages alone (positions shifted by whole
+   pages, which that rule does not see), which merges (1) in as one more partial.
+
+The result is ``paged_chunk_reference``'s; only the prefix's rounding differs (its keys and values
+in bf16 rather than in the kernel's fp16 tiles). GQA needs nothing from the backend: the group's
+query heads become rows of one KV head (queries x group), so each call is plain multi-head
+attention over H heads. The gathered prefix is [2, H, T, D] bf16 per call (134 MB for one layer of
+32k tokens at H = 8, D = 128), freed when the call returns.
+"""
+from __future__ import annotations
+
+import enum
+
+import torch
+
+from kvwire.formats import PageFormat
+from kvwire.kernels._common import use_triton
+from kvwire.kernels.chunk_attention import paged_chunk_attention, paged_chunk_reference
+from kvwire.kernels.page_gather import gather_pages
+
+
+class PrefixBackend(enum.Enum):
+    """Which of torch's attention kernels runs the gathered prefix (each returns its log-sum-exp)."""
+
+    CUDNN = "cudnn"            # cuDNN's fused attention (Hopper: FlashAttention-3-class)
+    FLASH = "flash"            # torch's FlashAttention-2
+    EFFICIENT = "efficient"    # torch's memory-efficient (CUTLASS) kernel
+
+
+DEFAULT_BACKEND = PrefixBackend.CUDNN
+
+
+def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     backend: PrefixBackend = DEFAULT_BACKEND) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unmasked attention of q [N, Hq, D] over k, v [H, T, D] (bf16): (out [N, Hq, D], lse [N, Hq]).
+
+    lse is the natural-log sum of exp(q.k / sqrt(D)) over the T keys, in fp32. On the CPU (tests)
+    torch's CPU flash kernel runs, whatever ``backend`` says."""
+    n, hq, d = q.shape
+    h = k.shape[0]
+    g = hq // h
+    rows = q.to(torch.bfloat16).view(n, h, g, d).permute(1, 0, 2, 3).reshape(1, h, n * g, d)
+    kk, vv = k[None], v[None]
+    ops = torch.ops.aten
+    if not q.is_cuda:
+        o, lse = ops._scaled_dot_product_flash_attention_for_cpu(rows, kk, vv)
+    elif backend is PrefixBackend.CUDNN:
+        o, lse = ops._scaled_dot_product_cudnn_attention(rows, kk, vv, None, True)[:2]
+    elif backend is PrefixBackend.FLASH:
+        o, lse = ops._scaled_dot_product_flash_attention(rows, kk, vv)[:2]
+    else:
+        o, lse = ops._scaled_dot_product_efficient_attention(rows, kk, vv, None, True)[:2]
+    lse = lse.reshape(1, h, -1)[..., : n * g]          # the efficient kernel pads its rows
+    out = o.reshape(h, n, g, d).permute(1, 0, 2, 3).reshape(n, hq, d)
+    return out, lse.reshape(h, n, g).permute(1, 0, 2).reshape(n, hq).float()
+
+
+def gathered_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.Tensor, page_format: PageFormat,
+                             layer: int, page_ids: torch.Tensor, k_open: torch.Tensor, v_open: torch.Tensor,
+                             open_start: int, static_scales: torch.Tensor | None = None,
+                             out: torch.Tensor | None = None, *,
+                             backend: PrefixBackend = DEFAULT_BACKEND) -> torch.Tensor:
+    """``paged_chunk_attention``'s arguments and result, the prefix through ``gather_pages`` and
+    ``prefix_attention`` (module docstring). Every query's position must be >= ``open_start``."""
+    f = page_format
+    p = f.page_size
+    if open_start % p:
+        raise ValueError("open_start must be a multiple of the page size")
+    lead = min(open_start // p, page_ids.numel())
+    if not use_triton(storage):
+        return paged_chunk_reference(q, q_pos, storage, f, layer, page_ids, k_open, v_open, open_start,
+                                     static_scales, out)
+    if lead == 0 or q.shape[0] == 0:
+        return paged_chunk_attention(q, q_pos, storage, f, layer, page_ids, k_open, v_open, open_start,
+                                     static_scales, out)
+    kv = gather_pages(storage, f, layer, page_ids[:lead], static_scales)
+    partial = prefix_attention(q, kv[0], kv[1], backend)
+    del kv
+    shift = lead * p
+    return paged_chunk_attention(q, q_pos - shift, storage, f, layer, page_ids[lead:], k_open, v_open,
+                                 open_start - shift, static_scales, out, num_splits=1, prefix_partial=partial)

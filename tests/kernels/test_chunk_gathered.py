@@ -1,0 +1,117 @@
+"""gather_pages and gathered_chunk_attention on the CPU (Triton interpreter) and the GPU, against
+their torch references: the gathered bf16 prefix value-identical to the decoded pages, the chunk
+result close to ``paged_chunk_reference``."""
+import pytest
+import torch
+
+from kvwire.kernels._common import interpreting
+from kvwire.kernels.chunk_attention import paged_chunk_reference
+from kvwire.kernels.chunk_gathered import PrefixBackend, gathered_chunk_attention, prefix_attention
+from kvwire.kernels.page_gather import gather_pages, gather_pages_reference
+
+from .helpers import ALL_UNIFORM, MIXED, make_format, make_pool, rel_err
+
+ON_GPU = torch.cuda.is_available()
+DEV = "cuda" if ON_GPU else "cpu"
+kernels_run = pytest.mark.skipif(not (ON_GPU or interpreting()), reason="needs CUDA or TRITON_INTERPRET=1")
+gpu = [pytest.mark.gpu, pytest.mark.skipif(not ON_GPU, reason="needs CUDA")]
+
+
+def gather_case(name, heads, head_dim, n_pages, seed=0):
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    f = make_format(name, page_size=16, layers=2, heads=heads, head_dim=head_dim)
+    storage, static = make_pool(f, n_pages + 7, gen, DEV, empty=True)
+    ids = torch.randperm(n_pages + 7, device=DEV, generator=gen)[:n_pages]
+    out = torch.full((2, heads, n_pages * 16, head_dim), float("nan"), dtype=torch.bfloat16, device=DEV)
+    gather_pages(storage, f, 1, ids, static, out)
+    ref = gather_pages_reference(storage, f, 1, ids, static)
+    # value-identical: one fp32 product rounded to nearest even, as the torch decoder rounds (zeros'
+    # signs may differ: the GPU's E2M1 placement keeps -0, the interpreter's decoding does not)
+    assert torch.equal(out.float(), ref.float())
+
+
+@kernels_run
+@pytest.mark.parametrize("name", ALL_UNIFORM + MIXED)
+def test_gather_pages_matches_decoded_pages(name):
+    gather_case(name, heads=3, head_dim=64, n_pages=5 if interpreting() else 300)
+
+
+@kernels_run
+@pytest.mark.parametrize("name", ["fp8-token", "nvfp4/fp8-head"])
+def test_gather_pages_head_dim_128_and_a_partial_program(name):
+    gather_case(name, heads=2, head_dim=128, n_pages=3, seed=1)       # 48 tokens: under one program's 64
+
+
+def test_gather_pages_rejects_a_wrong_out():
+    f = make_format("fp8-token")
+    storage, static = make_pool(f, 4, torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="out must be contiguous bf16"):
+        gather_pages(storage, f, 0, torch.arange(2), static, torch.empty((2, 2, 16, 64), dtype=torch.bfloat16))
+
+
+def test_prefix_attention_returns_out_and_log_sum_exp():
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn((7, 6, 32), generator=gen).to(torch.bfloat16)
+    k, v = (torch.randn((2, 40, 32), generator=gen).to(torch.bfloat16) for _ in range(2))
+    out, lse = prefix_attention(q, k, v)
+    s = torch.einsum("nhd,htd->nht", q.float().view(7, 2, 3, 32).reshape(7, 6, 32),
+                     k.float().repeat_interleave(3, 0)) / 32 ** 0.5
+    assert torch.allclose(lse, torch.logsumexp(s, -1), atol=1e-3)
+    ref = torch.einsum("nht,htd->nhd", s.softmax(-1), v.float().repeat_interleave(3, 0))
+    assert rel_err(out, ref) < 1e-2
+
+
+def chunk_case(name, gqa, heads, head_dim, prefix_pages, n, seed=0, backend=PrefixBackend.CUDNN, tol=1e-2):
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    f = make_format(name, page_size=16, layers=2, heads=heads, head_dim=head_dim)
+    stored = prefix_pages + n // 16                  # the chunk's full pages are stored too, as the runner does
+    storage, static = make_pool(f, stored + 9, gen, DEV, empty=True)
+    ids = torch.randperm(stored + 9, device=DEV, generator=gen)[:stored]
+    open_start = prefix_pages * 16
+    ko, vo = (torch.randn((n, heads, head_dim), device=DEV, generator=gen).to(torch.bfloat16) for _ in range(2))
+    pos = torch.arange(open_start, open_start + n, device=DEV)
+    q = torch.randn((n, gqa * heads, head_dim), device=DEV, generator=gen).to(torch.bfloat16)
+    out = torch.full_like(q, float("nan"))
+    gathered_chunk_attention(q, pos, storage, f, 1, ids, ko, vo, open_start, static, out=out, backend=backend)
+    ref = paged_chunk_reference(q, pos, storage, f, 1, ids, ko, vo, open_start, static)
+    assert not out.isnan().any(), "an output was left unwritten"
+    err = rel_err(out, ref)
+    assert err < tol, f"relative error {err:.2e}"
+
+
+@kernels_run
+@pytest.mark.parametrize("name", ["bf16", "fp8-token", "fp8-tensor", "nvfp4", "fp8-token/nvfp4", "nvfp4/fp8-page"])
+def test_gathered_chunk_formats(name):
+    # 4 prefix pages, then a 37-token chunk: two full pages of its own and a partly filled third
+    chunk_case(name, gqa=4, heads=2, head_dim=64, prefix_pages=4, n=37)
+
+
+@kernels_run
+@pytest.mark.parametrize("gqa", [1, 3, 8])
+def test_gathered_chunk_gqa_ratios(gqa):
+    chunk_case("fp8-token/nvfp4", gqa=gqa, heads=2, head_dim=64, prefix_pages=3, n=21, seed=gqa)
+
+
+@kernels_run
+def test_gathered_chunk_without_a_prefix_is_the_paged_kernel():
+    chunk_case("nvfp4", gqa=4, heads=2, head_dim=64, prefix_pages=0, n=40)
+
+
+@pytest.mark.skipif(ON_GPU, reason="CPU tensors without the interpreter")
+@pytest.mark.parametrize("name", ["fp8-token", "nvfp4"])
+def test_gathered_chunk_without_triton_runs_the_reference(name, monkeypatch):
+    # as on a CPU machine without TRITON_INTERPRET: no kernel, no prefix partial, the torch reference
+    monkeypatch.setattr("kvwire.kernels.chunk_gathered.use_triton", lambda t: False)
+    monkeypatch.setattr("kvwire.kernels.chunk_gathered.gather_pages", None)
+    chunk_case(name, gqa=3, heads=2, head_dim=32, prefix_pages=2, n=18, tol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["fp8-token", "fp8-tensor", "nvfp4", "fp8-token/nvfp4", "bf16"])
+@pytest.mark.parametrize("backend", list(PrefixBackend), ids=[b.value for b in PrefixBackend])
+@pytest.mark.parametrize("n", [512, 100])
+def test_gpu_gathered_chunk(name, backend, n):
+    chunk_case(name, gqa=4, heads=8, head_dim=128, prefix_pages=300, n=n, backend=backend)
+
+
+for _mark in gpu:
+    test_gpu_gathered_chunk = _mark(test_gpu_gathered_chunk)

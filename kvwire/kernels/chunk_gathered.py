@@ -16,8 +16,9 @@ compute-bound, and there the paged Triton kernel reached 0.40-0.66x of bf16 SDPA
 The result is ``paged_chunk_reference``'s; only the prefix's rounding differs (its keys and values
 in bf16 rather than in the kernel's fp16 tiles). GQA needs nothing from the backend: the group's
 query heads become rows of one KV head (queries x group), so each call is plain multi-head
-attention over H heads. The gathered prefix is [2, H, T, D] bf16 per call (134 MB for one layer of
-32k tokens at H = 8, D = 128), freed when the call returns.
+attention over H heads. The gathered prefix is [2, H, T, D] bf16; a longer prefix than
+``GATHER_MAX_BYTES`` holds goes in pieces, each one gather and one attention, whose partials merge
+by log-sum-exp (so a 128k-token prefix never needs its whole bf16 copy at once).
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ class PrefixBackend(enum.Enum):
 
 
 DEFAULT_BACKEND = PrefixBackend.CUDNN
+GATHER_MAX_BYTES = 256 << 20    # the bf16 prefix of one piece: 64k tokens at H = 8, D = 128
 
 
 def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -85,9 +87,22 @@ def gathered_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torc
     if lead == 0 or q.shape[0] == 0:
         return paged_chunk_attention(q, q_pos, storage, f, layer, page_ids, k_open, v_open, open_start,
                                      static_scales, out)
-    kv = gather_pages(storage, f, layer, page_ids[:lead], static_scales)
-    partial = prefix_attention(q, kv[0], kv[1], backend)
-    del kv
+    per_page = 2 * f.num_kv_heads * p * f.head_dim * 2
+    step = max(1, GATHER_MAX_BYTES // per_page)      # pages per piece
+    partial = None
+    for first in range(0, lead, step):
+        kv = gather_pages(storage, f, layer, page_ids[first:min(first + step, lead)], static_scales)
+        piece = prefix_attention(q, kv[0], kv[1], backend)
+        partial = piece if partial is None else merge_partials(partial, piece)
+        del kv
     shift = lead * p
     return paged_chunk_attention(q, q_pos - shift, storage, f, layer, page_ids[lead:], k_open, v_open,
                                  open_start - shift, static_scales, out, num_splits=1, prefix_partial=partial)
+
+
+def merge_partials(a: tuple[torch.Tensor, torch.Tensor],
+                   b: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of attention over two disjoint key sets -> (out, lse) over both (fp32)."""
+    lse = torch.logaddexp(a[1], b[1])
+    out = a[0].float() * torch.exp(a[1] - lse)[..., None] + b[0].float() * torch.exp(b[1] - lse)[..., None]
+    return out, lse

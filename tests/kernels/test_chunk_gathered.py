@@ -93,6 +93,14 @@ def test_gathered_chunk_gqa_ratios(gqa):
 
 
 @kernels_run
+def test_gathered_chunk_prefix_in_pieces(monkeypatch):
+    # 2 pages per piece: a 5-page prefix goes as 2 + 2 + 1, merged by log-sum-exp
+    f = make_format("fp8-token", heads=2, head_dim=64)
+    monkeypatch.setattr("kvwire.kernels.chunk_gathered.GATHER_MAX_BYTES", 2 * f.num_kv_heads * 16 * 64 * 2 * 2)
+    chunk_case("fp8-token", gqa=3, heads=2, head_dim=64, prefix_pages=5, n=20, seed=7)
+
+
+@kernels_run
 def test_gathered_chunk_without_a_prefix_is_the_paged_kernel():
     chunk_case("nvfp4", gqa=4, heads=2, head_dim=64, prefix_pages=0, n=40)
 

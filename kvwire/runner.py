@@ -210,8 +210,12 @@ class ModelRunner:
         kv = self.kv
         if kv.device.type == "cuda":
             from kvwire.kernels.chunk_attention import paged_chunk_attention
-            return paged_chunk_attention(q, pos, kv.pool.storage, kv.format, layer, page_ids, opened[0], opened[1],
-                                         open_start, kv.static_scales)
+            from kvwire.kernels.chunk_gathered import gathered_chunk_attention
+            from kvwire.kernels.chunk_plan import gathered_prefix_pays
+            attend = (gathered_chunk_attention if gathered_prefix_pays(q.shape[0], q.shape[1], open_start, kv.device)
+                      else paged_chunk_attention)
+            return attend(q, pos, kv.pool.storage, kv.format, layer, page_ids, opened[0], opened[1], open_start,
+                          kv.static_scales)
         pages = page_ids.tolist()
         k_pages = kv.read_pages(layer, 0, pages)
         v_pages = kv.read_pages(layer, 1, pages)

@@ -11,7 +11,8 @@ causal mask (lower-right aligned: query i sees keys 0 .. prefix + i) and SDPA wi
 more work, but the mask can steer torch to a slower backend), all measured in one run. The error is
 against ``paged_chunk_reference`` (pages decoded by the torch reference, fp32 attention). With
 ``--gathered-backends`` (default: all three), each row also times ``chunk_gathered.gathered_chunk_attention`` (the prefix decoded
-to bf16 by ``page_gather``, then each of torch's cuDNN / flash / efficient kernels) and the gather alone.
+to bf16 by ``page_gather``, then each of torch's cuDNN / flash / efficient kernels) and the gather alone;
+``engine_path`` / ``engine_ms`` say which of the two the runner takes for that call and its time.
 
 Timing: each call captured in a CUDA graph (no host launch cost), median of the replays.
 """
@@ -64,8 +65,8 @@ def run(args) -> dict:
     from kvwire.errors import NoGpuError, UsageError
     from kvwire.formats import KVFormat, PageFormat
     from kvwire.kernels.chunk_attention import paged_chunk_attention, paged_chunk_reference
-    from kvwire.kernels.chunk_gathered import PrefixBackend
-    from kvwire.kernels.chunk_plan import default_tile, planned_splits
+    from kvwire.kernels.chunk_gathered import DEFAULT_BACKEND, PrefixBackend
+    from kvwire.kernels.chunk_plan import default_tile, gathered_prefix_pays, planned_splits
     if not torch.cuda.is_available():
         raise NoGpuError("kvwire bench chunk needs a CUDA GPU (torch sees none here)")
     dev = torch.device("cuda")
@@ -126,6 +127,11 @@ def run(args) -> dict:
                 print(f"  {'':16s} gathered: prefix gather {row['gather_ms']:.3f} ms; "
                       + ", ".join(f"{b} {t:.3f} ms ({sdpa_ms / t:.2f}x SDPA, err {row['gathered_err'][b]:.1e})"
                                   if t else f"{b} failed" for b, t in row["gathered_ms"].items()), flush=True)
+            # what the runner takes for this call (chunk_plan.gathered_prefix_pays), where it was timed
+            row["engine_path"] = "gathered" if gathered_prefix_pays(n, hq, prefix, dev) else "paged"
+            row["engine_ms"] = (row.get("gathered_ms", {}).get(DEFAULT_BACKEND.value)
+                                if row["engine_path"] == "gathered" else split_ms)
+            row["engine_vs_sdpa"] = sdpa_ms / row["engine_ms"] if row["engine_ms"] else None
             del storage
     return {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
             "shape": {"num_q_heads": hq, "num_kv_heads": h, "head_dim": d, "page_size": p},
@@ -203,8 +209,8 @@ def format_table(result: dict) -> str:
              f"D={s['head_dim']} P={s['page_size']}, a chunk of queries after a stored prefix",
              "SDPA: bf16 on contiguous K/V, the faster of causal-masked and unmasked",
              "| prefix | chunk | format | tile | splits | ms | one pass ms | speedup | TFLOP/s | SDPA causal ms "
-             "| SDPA no mask ms | vs SDPA | rel err | gathered: best ms | vs SDPA |",
-             "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+             "| SDPA no mask ms | vs SDPA | rel err | gathered: best ms | vs SDPA | engine takes | engine vs SDPA |",
+             "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---:|"]
     for r in result["rows"]:
         timed = {b: t for b, t in r.get("gathered_ms", {}).items() if t}
         best = min(timed, key=timed.get) if timed else None
@@ -212,7 +218,8 @@ def format_table(result: dict) -> str:
         lines.append(f"| {r['prefix']} | {r['chunk']} | {r['format']} | {r['tile']} | {r['splits']} | "
                      f"{r['ms']:.3f} | {r['one_pass_ms']:.3f} | {r['speedup_vs_one_pass']:.2f}x | "
                      f"{r['tflops']:.0f} | {r['sdpa_causal_ms']:.3f} | {r['sdpa_no_mask_ms']:.3f} | "
-                     f"{r['vs_sdpa']:.2f}x | {r['rel_err']:.1e} | {gathered} |")
+                     f"{r['vs_sdpa']:.2f}x | {r['rel_err']:.1e} | {gathered} | {r.get('engine_path', '-')} | "
+                     + (f"{r['engine_vs_sdpa']:.2f}x |" if r.get("engine_vs_sdpa") else "- |"))
     return "\n".join(lines)
 
 

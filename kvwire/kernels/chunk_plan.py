@@ -1,5 +1,6 @@
 """Launch plan of chunk attention (``kvwire.kernels.chunk_attention``): the tile shapes on the GPU,
-and how many splits of the stored prefix a call takes. Kept apart from the kernel so that the
+how many splits of the stored prefix a call takes, and when the prefix goes through
+``chunk_gathered`` instead (decoded to bf16 for cuDNN's attention). Kept apart from the kernel so that the
 policy (measured on the H200, docs/benchmarks.md "Chunk attention") reads in one place.
 """
 from __future__ import annotations
@@ -120,3 +121,26 @@ def planned_splits(num_queries: int, num_q_heads: int, page_format: PageFormat, 
     programs = triton.cdiv(num_queries, block_m) * page_format.num_kv_heads
     per_sm = COMPACT_PER_SM if tile == COMPACT_TILE else 1
     return default_splits(programs, stored_pages * page_format.page_size, device, per_sm)
+
+
+# When a chunk's prefix goes through chunk_gathered (decoded to bf16, then cuDNN's attention):
+# measured on an H100, Hq = 32, Hkv = 8, D = 128 (docs/benchmarks.md, "Chunk attention: the gathered
+# prefix"). It pays where cuDNN's grid, one 128-row tile of (query, head) rows per CTA, fills at
+# least GATHER_MIN_WAVE of the GPU (cuDNN does not split the keys: 64- and 256-query chunks ran
+# slower than the paged kernel at every prefix up to 32k) and the prefix is long enough for its one
+# extra bf16 write to be repaid. 512 queries: 32k nvfp4 1.11 -> 0.56 ms, fp8-tensor 0.69 -> 0.56;
+# 8k nvfp4 0.30 -> 0.19, fp8-tensor 0.193 -> 0.197 (the one loss). 1024 queries at 4k: bf16 and
+# fp8-tensor lose 5-9%, so the prefix threshold is 8k.
+GATHER_MIN_PREFIX = 8192          # tokens
+GATHER_MIN_WAVE = 0.9             # cuDNN tiles / SMs
+GATHER_ROWS = 128                 # rows of one cuDNN tile
+
+
+def gathered_prefix_pays(num_queries: int, num_q_heads: int, prefix_tokens: int, device: torch.device) -> bool:
+    """Whether a chunk's attention should take ``chunk_gathered`` rather than read its prefix
+    compact: only on Hopper (where it was measured; cuDNN's fused attention elsewhere is not), with
+    the grid and prefix of the constants above."""
+    if device.type != "cuda" or interpreting() or torch.cuda.get_device_capability(device)[0] != 9:
+        return False
+    tiles = triton.cdiv(num_queries * num_q_heads, GATHER_ROWS)
+    return prefix_tokens >= GATHER_MIN_PREFIX and tiles >= GATHER_MIN_WAVE * num_sms(device)

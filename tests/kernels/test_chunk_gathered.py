@@ -13,7 +13,8 @@ from .helpers import ALL_UNIFORM, MIXED, make_format, make_pool, rel_err
 
 ON_GPU = torch.cuda.is_available()
 DEV = "cuda" if ON_GPU else "cpu"
-kernels_run = pytest.mark.skipif(not (ON_GPU or interpreting()), reason="needs CUDA or TRITON_INTERPRET=1")
+# compiled on a GPU (in the GPU suite's -m gpu), interpreted on the CPU
+kernels_run = pytest.mark.gpu if ON_GPU else pytest.mark.skipif(not interpreting(), reason="needs TRITON_INTERPRET=1")
 gpu = [pytest.mark.gpu, pytest.mark.skipif(not ON_GPU, reason="needs CUDA")]
 
 
@@ -123,3 +124,18 @@ def test_gpu_gathered_chunk(name, backend, n):
 
 for _mark in gpu:
     test_gpu_gathered_chunk = _mark(test_gpu_gathered_chunk)
+
+
+@pytest.mark.parametrize("capability, queries, prefix, expect", [
+    ((9, 0), 512, 32768, True),      # 512 x 32 rows = 128 tiles on 132 SMs, a long prefix
+    ((9, 0), 64, 32768, False),      # 16 tiles: cuDNN would leave most SMs idle
+    ((9, 0), 512, 2048, False),      # too short a prefix to repay the bf16 write
+    ((8, 0), 512, 32768, False),     # not measured off Hopper
+])
+def test_gathered_prefix_policy(monkeypatch, capability, queries, prefix, expect):
+    from kvwire.kernels import chunk_plan
+    monkeypatch.setattr(chunk_plan, "interpreting", lambda: False)
+    monkeypatch.setattr(chunk_plan, "num_sms", lambda dev: 132)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev: capability)
+    assert chunk_plan.gathered_prefix_pays(queries, 32, prefix, torch.device("cuda", 0)) is expect
+    assert not chunk_plan.gathered_prefix_pays(queries, 32, prefix, torch.device("cpu"))

@@ -46,3 +46,28 @@ def test_kernel_path_matches_reference(models, fmt):
     err = (gpu - cpu).norm(dim=-1) / cpu.norm(dim=-1)
     assert float(err.max()) < 2e-2, err
     assert (gpu.argmax(-1) == cpu.argmax(-1)).float().mean() >= 0.9
+
+
+@pytest.mark.parametrize("fmt", ["fp8-token", "nvfp4"])
+def test_gathered_prefix_path_matches_reference(models, fmt, monkeypatch):
+    """The runner with every chunk's prefix gathered to bf16 (chunk_gathered), as it chooses for long
+    prefixes and wide chunks on Hopper: prefill in three chunks, logits against the CPU reference."""
+    from kvwire.kernels import chunk_gathered, chunk_plan
+    calls, original = [], chunk_gathered.gathered_chunk_attention
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+    monkeypatch.setattr(chunk_plan, "gathered_prefix_pays", lambda *a: True)
+    monkeypatch.setattr(chunk_gathered, "gathered_chunk_attention", counted)
+    torch.manual_seed(1)
+    ids = torch.randint(0, 49152, (130,)).tolist()
+    logits = []
+    for model in models:
+        engine = Engine(model, EngineConfig(kv_format=fmt, chunk_size=48), calibration_ids=ids)
+        seq = SequenceKV()
+        logits.append(engine.prefill(seq, ids).float().cpu())
+        engine.runner.release(seq)
+    assert calls, "the runner never took the gathered path"
+    cpu, gpu = logits
+    assert float((gpu - cpu).norm() / cpu.norm()) < 2e-2

@@ -5,7 +5,9 @@
 - ``kvwire.kernels.paged_decode``: ``paged_decode_attention`` (split-KV paged decode over pages + bf16
   tail) and ``paged_decode_reference``.
 - ``kvwire.kernels.chunk_attention``: ``paged_chunk_attention`` (chunked prefill / prefix hits) and
-  ``paged_chunk_reference``; its tile and split policy in ``chunk_plan``.
+  ``paged_chunk_reference``; its tile and split policy in ``chunk_plan``. For wide chunks after long
+  prefixes, ``chunk_gathered`` decodes the prefix to bf16 (``page_gather.gather_pages``) for cuDNN's
+  attention and merges the rest from ``paged_chunk_attention``.
 - ``paged_decode_cuda`` / ``quantize_cuda``: the CUDA kernels of ``cuda/`` (compiled by NVRTC), and
   ``cuda_emulator``, which runs them on the CPU for the tests.
 

@@ -82,8 +82,12 @@ def test_a_forward_after_a_failed_one_is_unaffected(device):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("fmt", ["bf16", "fp8-token", "nvfp4", "fp8-token/nvfp4"])
-def test_cuda_forward_runs_its_layers_without_a_host_sync(fmt):
+@pytest.mark.parametrize("fmt, gathered", [("bf16", False), ("fp8-token", False), ("nvfp4", False),
+                                           ("fp8-token/nvfp4", False), ("nvfp4", True)])
+def test_cuda_forward_runs_its_layers_without_a_host_sync(fmt, gathered, monkeypatch):
+    if gathered:       # every chunk's prefix through chunk_gathered (cuDNN), as wide chunks on Hopper
+        from kvwire.kernels import chunk_plan
+        monkeypatch.setattr(chunk_plan, "gathered_prefix_pays", lambda *a: True)
     engine = engine_on("cuda", fmt)
     warm = SequenceKV()
     engine.prefill(warm, tokens(37, seed=7))                  # compiles every kernel the forwards below use

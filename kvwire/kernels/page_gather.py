@@ -52,11 +52,13 @@ def _gather_kernel(st8, st16, st32, ids_ptr, static_ptr, out_ptr, n_tokens, page
 
 
 def gather_pages(storage: torch.Tensor, page_format: PageFormat, layer: int, page_ids: torch.Tensor,
-                 static_scales: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                 static_scales: torch.Tensor | None = None, out: torch.Tensor | None = None, *,
+                 _hw: bool | None = None) -> torch.Tensor:
     """Keys and values of ``page_ids`` (positions 0 .. n*P-1) in layer ``layer``, decoded to bf16.
 
     Returns ``out`` [2, H, n*P, D] bf16 (part, KV head, token, dim): each part a [H, T, D] block
-    that attention kernels take as [1, H, T, D]. static_scales [L, 2, H] for fp8 tensor/head."""
+    that attention kernels take as [1, H, T, D]. static_scales [L, 2, H] for fp8 tensor/head.
+    ``_hw`` (tests): the GPU's code path regardless of where the tensors are."""
     f = page_format
     check_storage(storage, f)
     n_tok = page_ids.numel() * f.page_size
@@ -69,7 +71,7 @@ def gather_pages(storage: torch.Tensor, page_format: PageFormat, layer: int, pag
         return out
     if not use_triton(storage):
         return gather_pages_reference(storage, f, layer, page_ids, static_scales, out)
-    hw = not interpreting()
+    hw = (not interpreting()) if _hw is None else _hw
     static = static_arg(f, static_scales, storage.device)
     ids = page_ids.to(device=storage.device, dtype=torch.int64)
     st16 = storage.view(torch.bfloat16) if hw else storage.view(torch.int16)

@@ -8,7 +8,7 @@ Triton rejects, so bf16 prefill could not have run on an A100."""
 import pytest
 import torch
 
-from kvwire.kernels import chunk_attention, chunk_plan, model_ops, paged_decode, quantize
+from kvwire.kernels import chunk_attention, chunk_plan, model_ops, page_gather, paged_decode, quantize
 from kvwire.kernels._common import interpreting
 
 from .helpers import decode_problem, make_format, make_pool
@@ -64,6 +64,14 @@ def quantize_launches(monkeypatch, fmt: str, head_dim: int = 128) -> list:
     static = torch.full((2,), 0.01)
     for part in (0, 1):
         quantize.write_pages(storage, f, 1, part, torch.tensor([3, 0]), x, static, backend="triton", _hw_cast=True)
+    return rec.launches
+
+
+def gather_launches(monkeypatch, fmt: str, head_dim: int = 128) -> list:
+    (rec,) = recorded(monkeypatch, page_gather, "_gather_kernel")
+    f = make_format(fmt, page_size=16, layers=2, heads=2, head_dim=head_dim)
+    storage, static = make_pool(f, 4, torch.Generator().manual_seed(3))
+    page_gather.gather_pages(storage, f, 1, torch.tensor([3, 0]), static, _hw=True)
     return rec.launches
 
 
@@ -139,3 +147,12 @@ def test_small_heads_build(monkeypatch, fmt):
     (2026-12-04). The build catches both without a GPU."""
     assert_builds(decode_launches(monkeypatch, fmt, heads=2, head_dim=16)
                   + chunk_launches(monkeypatch, fmt, fp8_cores=True, head_dim=16), HOPPER)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("fmt", ["bf16", "fp8-tensor", "nvfp4", "fp8-token/nvfp4"])
+def test_gathered_prefix_builds_for_hopper(monkeypatch, fmt, head_dim):
+    """The prefix gather (chunk_gathered), which the runner selects on Hopper only."""
+    launches = gather_launches(monkeypatch, fmt, head_dim)
+    assert len(launches) == 2 and launches[0].kwargs["HW"]
+    assert_builds(launches, HOPPER)

@@ -23,6 +23,7 @@ by log-sum-exp (so a 128k-token prefix never needs its whole bf16 copy at once).
 from __future__ import annotations
 
 import enum
+import logging
 
 import torch
 
@@ -42,6 +43,11 @@ class PrefixBackend(enum.Enum):
 
 DEFAULT_BACKEND = PrefixBackend.CUDNN
 GATHER_MAX_BYTES = 256 << 20    # the bf16 prefix of one piece: 64k tokens at H = 8, D = 128
+
+log = logging.getLogger(__name__)
+# (device, backend, head_dim) whose prefix kernel refused a call (a torch build or GPU without it):
+# such calls take the paged kernel from then on, with one warning
+_REFUSED: set[tuple[str, PrefixBackend, int]] = set()
 
 
 def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -84,7 +90,8 @@ def gathered_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torc
     if not use_triton(storage):
         return paged_chunk_reference(q, q_pos, storage, f, layer, page_ids, k_open, v_open, open_start,
                                      static_scales, out)
-    if lead == 0 or q.shape[0] == 0:
+    key = (str(storage.device), backend, f.head_dim)
+    if lead == 0 or q.shape[0] == 0 or key in _REFUSED:
         return paged_chunk_attention(q, q_pos, storage, f, layer, page_ids, k_open, v_open, open_start,
                                      static_scales, out)
     per_page = 2 * f.num_kv_heads * p * f.head_dim * 2
@@ -92,7 +99,16 @@ def gathered_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torc
     partial = None
     for first in range(0, lead, step):
         kv = gather_pages(storage, f, layer, page_ids[first:min(first + step, lead)], static_scales)
-        piece = prefix_attention(q, kv[0], kv[1], backend)
+        try:
+            piece = prefix_attention(q, kv[0], kv[1], backend)
+        except torch.OutOfMemoryError:
+            raise
+        except RuntimeError as exc:     # refused before it ran (unsupported here): nothing half written
+            log.warning("chunk attention: torch's %s attention refused the gathered prefix on %s (%s); such "
+                        "calls take the paged kernel from now on", backend.value, key[0], str(exc)[:200])
+            _REFUSED.add(key)
+            return paged_chunk_attention(q, q_pos, storage, f, layer, page_ids, k_open, v_open, open_start,
+                                         static_scales, out)
         partial = piece if partial is None else merge_partials(partial, piece)
         del kv
     shift = lead * p

@@ -102,6 +102,22 @@ def test_gathered_chunk_prefix_in_pieces(monkeypatch):
 
 
 @kernels_run
+def test_a_refused_prefix_kernel_falls_back_to_the_paged_one(monkeypatch, caplog):
+    from kvwire.kernels import chunk_gathered
+    calls = []
+
+    def refuse(*args):
+        calls.append(1)
+        raise RuntimeError("No available kernel")
+    monkeypatch.setattr(chunk_gathered, "prefix_attention", refuse)
+    monkeypatch.setattr(chunk_gathered, "_REFUSED", set())
+    chunk_case("nvfp4", gqa=4, heads=2, head_dim=64, prefix_pages=3, n=20)
+    chunk_case("nvfp4", gqa=4, heads=2, head_dim=64, prefix_pages=3, n=20, seed=1)
+    assert len(calls) == 1, "a refused backend was asked again"
+    assert "refused the gathered prefix" in caplog.text
+
+
+@kernels_run
 def test_gathered_chunk_without_a_prefix_is_the_paged_kernel():
     chunk_case("nvfp4", gqa=4, heads=2, head_dim=64, prefix_pages=0, n=40)
 

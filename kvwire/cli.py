@@ -1,11 +1,13 @@
 """The `kvwire` command line: one entry point, a subcommand per task.
 
 Errors a user can fix (unknown format, empty or over-long prompt, missing model) print one
-line and exit with status 2; tracebacks are for bugs.
+line and exit with status 2; tracebacks are for bugs. A reader that goes away (`kvwire generate
+... | head -1`) ends the command quietly with status 141, as Unix tools do on SIGPIPE.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from kvwire.commands import bench_cmd, formats_cmd, generate_cmd, serve_cmd, validate_cmd
@@ -40,7 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return int(args.run(args) or 0)
+        code = int(args.run(args) or 0)
+        sys.stdout.flush()          # here, not at exit, so that a closed pipe is caught below
+        return code
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())     # nothing more to write to
+        return 141
     except USER_ERRORS as exc:
         print(f"kvwire {args.command}: error: {exc}", file=sys.stderr)
         return 2

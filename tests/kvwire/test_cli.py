@@ -37,6 +37,17 @@ def test_gpu_bench_without_a_gpu_is_one_line_exit_2(bench):
     assert_one_line_error(kvwire("bench", bench), "needs a CUDA GPU")
 
 
+@pytest.mark.slow
+def test_a_closed_pipe_ends_quietly():
+    # `kvwire formats | head -0`: the reader is gone before the first write
+    p = subprocess.Popen([sys.executable, "-m", "kvwire.cli", "formats"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    p.stdout.close()
+    err = p.stderr.read()
+    assert p.wait(timeout=300) == 141, err
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+
+
 def test_help_lists_commands():
     r = kvwire("--help")
     assert r.returncode == 0 and "formats" in r.stdout and "generate" in r.stdout

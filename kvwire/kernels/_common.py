@@ -203,6 +203,18 @@ def e2m1_value(c):
 
 
 @triton.jit
+def rounded(x, dt: tl.constexpr):
+    """fp32 ``x`` rounded to ``dt`` (bf16: to nearest even; fp32: as is), still in fp32. A cast
+    pair would say the same, but the compiler folds it away (kvwire.kernels.model_ops)."""
+    if dt == tl.bfloat16:
+        b = x.to(tl.uint32, bitcast=True)
+        r = ((b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
+        return tl.where(x == x, r, x)           # NaN stays NaN
+    else:
+        return x
+
+
+@triton.jit
 def bf16_bits_to_f32(x16):
     """int16 bf16 bit patterns -> fp32 (exact)."""
     return (x16.to(tl.int32) << 16).to(tl.float32, bitcast=True)

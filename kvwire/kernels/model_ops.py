@@ -10,7 +10,7 @@ CUDA graph alike (each kernel still costs microseconds of GPU time). Counted, no
 Numerics follow the torch reference (``kvwire.model.llama``: HF's RMSNorm in float32, scaled in
 the activation dtype; RoPE by rotate_half with cos/sin in the activation dtype), rounding to the
 activation dtype where torch does, so outputs equal it up to the reduction order of the mean.
-Those intermediate roundings go through ``_rounded`` (integer round-to-nearest-even on the bits):
+Those intermediate roundings go through ``rounded`` (integer round-to-nearest-even on the bits):
 Triton folds a cast pair fp32 -> bf16 -> fp32 away and contracts what is left into FMAs, which
 measured 1-ulp differences from torch in 23% of RoPE outputs on the H200 (2026-12-05).
 The model uses these only on CUDA for bf16 and fp32 activations; elsewhere it keeps the torch ops.
@@ -22,25 +22,13 @@ import torch
 import triton
 import triton.language as tl
 
-from kvwire.kernels._common import interpreting
+from kvwire.kernels._common import interpreting, rounded
 
 
 def fused_ops_for(t: torch.Tensor) -> bool:
     """Whether the model should run these kernels for activations ``t`` (CUDA, compiled Triton,
-    bf16 or fp32: the dtypes whose torch rounding ``_rounded`` reproduces)."""
+    bf16 or fp32: the dtypes whose torch rounding ``rounded`` reproduces)."""
     return t.is_cuda and not interpreting() and t.dtype in (torch.bfloat16, torch.float32)
-
-
-@triton.jit
-def _rounded(x, dt: tl.constexpr):
-    """fp32 ``x`` rounded to ``dt`` (bf16: to nearest even; fp32: as is), still in fp32. A cast
-    pair would say the same, but the compiler folds it away (module docstring)."""
-    if dt == tl.bfloat16:
-        b = x.to(tl.uint32, bitcast=True)
-        r = ((b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
-        return tl.where(x == x, r, x)           # NaN stays NaN
-    else:
-        return x
 
 
 @triton.jit
@@ -53,14 +41,14 @@ def _add_rms_norm_kernel(h_ptr, d_ptr, w_ptr, hout_ptr, y_ptr, n_cols, s_h, s_d,
     x = tl.load(h_ptr + row * s_h + cols, mask=m, other=0.0)
     if HAS_DELTA:
         d = tl.load(d_ptr + row * s_d + cols, mask=m, other=0.0)
-        h = _rounded(x.to(tl.float32) + d.to(tl.float32), dt)
+        h = rounded(x.to(tl.float32) + d.to(tl.float32), dt)
         tl.store(hout_ptr + row * s_ho + cols, h.to(dt), mask=m)
     else:
         h = x.to(tl.float32)
     var = tl.sum(h * h, axis=0) / n_cols
-    normed = _rounded(h * tl.math.rsqrt(var + eps), dt)
+    normed = rounded(h * tl.math.rsqrt(var + eps), dt)
     w = tl.load(w_ptr + cols, mask=m, other=0.0)
-    tl.store(y_ptr + row * s_y + cols, _rounded(w.to(tl.float32) * normed, dt).to(dt), mask=m)
+    tl.store(y_ptr + row * s_y + cols, rounded(w.to(tl.float32) * normed, dt).to(dt), mask=m)
 
 
 def add_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
@@ -96,8 +84,8 @@ def _rope_split_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, s_qkv, s_
         s2 = tl.load(sin_ptr + n * s_cos + HALF + o).to(tl.float32)
         a1, a2 = x1.to(tl.float32), x2.to(tl.float32)
         # x * cos + rotate_half(x) * sin, rotate_half(x) = (-x2, x1), rounded as torch rounds
-        y1 = _rounded(_rounded(a1 * c1, dt) + _rounded(-a2 * s1, dt), dt).to(dt)
-        y2 = _rounded(_rounded(a2 * c2, dt) + _rounded(a1 * s2, dt), dt).to(dt)
+        y1 = rounded(rounded(a1 * c1, dt) + rounded(-a2 * s1, dt), dt).to(dt)
+        y2 = rounded(rounded(a2 * c2, dt) + rounded(a1 * s2, dt), dt).to(dt)
         if j < HQ:
             dst = q_ptr + (n * HQ + j) * D
         else:

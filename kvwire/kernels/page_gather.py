@@ -21,10 +21,9 @@ import triton.language as tl
 
 from kvwire.formats import PageFormat
 from kvwire.kernels._common import (
-    check_storage, elem_code, gran_code, interpreting, part_offsets, pow2, read_pages_reference, static_arg,
-    use_triton,
+    check_storage, elem_code, gran_code, interpreting, part_offsets, pow2, read_pages_reference, rounded,
+    static_arg, use_triton,
 )
-from kvwire.kernels.model_ops import _rounded
 from kvwire.kernels.tile_loads import load_kv_tile
 
 GATHER_TOKENS = 64     # tokens per program: 4 pages of 16, 16 KB of bf16 out per part at D = 128
@@ -45,7 +44,7 @@ def _gather_kernel(st8, st16, st32, ids_ptr, static_ptr, out_ptr, n_tokens, page
     if GRAN == 3:      # fp8 tensor/head: one static scale per (layer, part, head)
         x = x * tl.load(static_ptr + static_off + h)
     if not HW:     # the interpreter's bf16 cast truncates; round to nearest even first, as the GPU's does
-        x = _rounded(x, tl.bfloat16)
+        x = rounded(x, tl.bfloat16)
     d = tl.arange(0, BLOCK_D)
     offs = (h * n_tokens + t).to(tl.int64)[:, None] * D + d[None, :]
     tl.store(out_ptr + offs, x.to(tl.bfloat16), mask=valid[:, None] & (d < D)[None, :])

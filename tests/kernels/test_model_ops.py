@@ -75,7 +75,7 @@ def test_non_finite_values_pass_through_like_torch():
 def _rounded_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     o = tl.arange(0, BLOCK)
     x = tl.load(x_ptr + o, mask=o < n)
-    tl.store(y_ptr + o, model_ops._rounded(x, tl.bfloat16), mask=o < n)
+    tl.store(y_ptr + o, model_ops.rounded(x, tl.bfloat16), mask=o < n)
 
 
 def test_rounding_to_bf16_is_the_cast():

@@ -154,7 +154,8 @@ def _time_gathered(q, pos, storage, f, ids, ko, vo, prefix: int, static, ref: to
         out = torch.full_like(q, float("nan"))
 
         def call():
-            return gathered_chunk_attention(q, pos, storage, f, 0, ids, ko, vo, prefix, static, out, backend=b)
+            return gathered_chunk_attention(q, pos, storage, f, 0, ids, ko, vo, prefix, static, out, backend=b,
+                                            fallback=False)
         try:
             call()
             res["gathered_err"][b.value] = float((out.double() - ref.double()).norm() / ref.double().norm())

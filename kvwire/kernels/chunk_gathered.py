@@ -29,7 +29,7 @@ import torch
 
 from kvwire.formats import PageFormat
 from kvwire.kernels._common import use_triton
-from kvwire.kernels.chunk_attention import paged_chunk_attention, paged_chunk_reference
+from kvwire.kernels.chunk_attention import paged_chunk_attention
 from kvwire.kernels.page_gather import gather_pages
 
 
@@ -78,42 +78,48 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def gathered_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.Tensor, page_format: PageFormat,
                              layer: int, page_ids: torch.Tensor, k_open: torch.Tensor, v_open: torch.Tensor,
                              open_start: int, static_scales: torch.Tensor | None = None,
-                             out: torch.Tensor | None = None, *,
-                             backend: PrefixBackend = DEFAULT_BACKEND) -> torch.Tensor:
+                             out: torch.Tensor | None = None, *, backend: PrefixBackend = DEFAULT_BACKEND,
+                             fallback: bool = True) -> torch.Tensor:
     """``paged_chunk_attention``'s arguments and result, the prefix through ``gather_pages`` and
-    ``prefix_attention`` (module docstring). Every query's position must be >= ``open_start``."""
-    f = page_format
-    p = f.page_size
+    ``prefix_attention`` (module docstring). Every query's position must be >= ``open_start``.
+
+    Without a prefix, without the Triton kernel, or where the backend refused before, this is
+    ``paged_chunk_attention`` over everything. fallback=False (benchmarks): a refusal raises."""
+    p = page_format.page_size
     if open_start % p:
         raise ValueError("open_start must be a multiple of the page size")
     lead = min(open_start // p, page_ids.numel())
-    if not use_triton(storage):
-        return paged_chunk_reference(q, q_pos, storage, f, layer, page_ids, k_open, v_open, open_start,
-                                     static_scales, out)
-    key = (str(storage.device), backend, f.head_dim)
-    if lead == 0 or q.shape[0] == 0 or key in _REFUSED:
-        return paged_chunk_attention(q, q_pos, storage, f, layer, page_ids, k_open, v_open, open_start,
-                                     static_scales, out)
-    per_page = 2 * f.num_kv_heads * p * f.head_dim * 2
-    step = max(1, GATHER_MAX_BYTES // per_page)      # pages per piece
+    key = (str(storage.device), backend, page_format.head_dim)
     partial = None
-    for first in range(0, lead, step):
-        kv = gather_pages(storage, f, layer, page_ids[first:min(first + step, lead)], static_scales)
+    if lead and q.shape[0] and use_triton(storage) and key not in _REFUSED:
         try:
-            piece = prefix_attention(q, kv[0], kv[1], backend)
+            partial = _prefix_partial(q, storage, page_format, layer, page_ids[:lead], static_scales, backend)
         except torch.OutOfMemoryError:
             raise
         except RuntimeError as exc:     # refused before it ran (unsupported here): nothing half written
+            if not fallback:
+                raise
             log.warning("chunk attention: torch's %s attention refused the gathered prefix on %s (%s); such "
                         "calls take the paged kernel from now on", backend.value, key[0], str(exc)[:200])
             _REFUSED.add(key)
-            return paged_chunk_attention(q, q_pos, storage, f, layer, page_ids, k_open, v_open, open_start,
-                                         static_scales, out)
-        partial = piece if partial is None else merge_partials(partial, piece)
-        del kv
+    if partial is None:
+        return paged_chunk_attention(q, q_pos, storage, page_format, layer, page_ids, k_open, v_open, open_start,
+                                     static_scales, out)
     shift = lead * p
-    return paged_chunk_attention(q, q_pos - shift, storage, f, layer, page_ids[lead:], k_open, v_open,
+    return paged_chunk_attention(q, q_pos - shift, storage, page_format, layer, page_ids[lead:], k_open, v_open,
                                  open_start - shift, static_scales, out, num_splits=1, prefix_partial=partial)
+
+
+def _prefix_partial(q: torch.Tensor, storage: torch.Tensor, f: PageFormat, layer: int, prefix_ids: torch.Tensor,
+                    static_scales: torch.Tensor | None, backend: PrefixBackend) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of q over the pages ``prefix_ids``: gathered in pieces of at most GATHER_MAX_BYTES."""
+    step = max(1, GATHER_MAX_BYTES // (2 * f.num_kv_heads * f.page_size * f.head_dim * 2))    # pages per piece
+    partial = None
+    for first in range(0, prefix_ids.numel(), step):
+        kv = gather_pages(storage, f, layer, prefix_ids[first:first + step], static_scales)
+        piece = prefix_attention(q, kv[0], kv[1], backend)
+        partial = piece if partial is None else merge_partials(partial, piece)
+    return partial
 
 
 def merge_partials(a: tuple[torch.Tensor, torch.Tensor],

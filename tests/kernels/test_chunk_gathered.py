@@ -62,7 +62,8 @@ def test_prefix_attention_returns_out_and_log_sum_exp():
     assert rel_err(out, ref) < 1e-2
 
 
-def chunk_case(name, gqa, heads, head_dim, prefix_pages, n, seed=0, backend=PrefixBackend.CUDNN, tol=1e-2):
+def chunk_case(name, gqa, heads, head_dim, prefix_pages, n, seed=0, backend=PrefixBackend.CUDNN, tol=1e-2,
+               fallback=True):
     gen = torch.Generator(device=DEV).manual_seed(seed)
     f = make_format(name, page_size=16, layers=2, heads=heads, head_dim=head_dim)
     stored = prefix_pages + n // 16                  # the chunk's full pages are stored too, as the runner does
@@ -73,7 +74,8 @@ def chunk_case(name, gqa, heads, head_dim, prefix_pages, n, seed=0, backend=Pref
     pos = torch.arange(open_start, open_start + n, device=DEV)
     q = torch.randn((n, gqa * heads, head_dim), device=DEV, generator=gen).to(torch.bfloat16)
     out = torch.full_like(q, float("nan"))
-    gathered_chunk_attention(q, pos, storage, f, 1, ids, ko, vo, open_start, static, out=out, backend=backend)
+    gathered_chunk_attention(q, pos, storage, f, 1, ids, ko, vo, open_start, static, out=out, backend=backend,
+                             fallback=fallback)
     ref = paged_chunk_reference(q, pos, storage, f, 1, ids, ko, vo, open_start, static)
     assert not out.isnan().any(), "an output was left unwritten"
     err = rel_err(out, ref)
@@ -115,6 +117,10 @@ def test_a_refused_prefix_kernel_falls_back_to_the_paged_one(monkeypatch, caplog
     chunk_case("nvfp4", gqa=4, heads=2, head_dim=64, prefix_pages=3, n=20, seed=1)
     assert len(calls) == 1, "a refused backend was asked again"
     assert "refused the gathered prefix" in caplog.text
+    monkeypatch.setattr(chunk_gathered, "_REFUSED", set())
+    with pytest.raises(RuntimeError, match="No available kernel"):     # as the benchmark asks
+        chunk_case("nvfp4", gqa=4, heads=2, head_dim=64, prefix_pages=3, n=20, fallback=False)
+    assert not chunk_gathered._REFUSED
 
 
 @kernels_run
@@ -127,6 +133,7 @@ def test_gathered_chunk_without_a_prefix_is_the_paged_kernel():
 def test_gathered_chunk_without_triton_runs_the_reference(name, monkeypatch):
     # as on a CPU machine without TRITON_INTERPRET: no kernel, no prefix partial, the torch reference
     monkeypatch.setattr("kvwire.kernels.chunk_gathered.use_triton", lambda t: False)
+    monkeypatch.setattr("kvwire.kernels.chunk_attention.use_triton", lambda t: False)
     monkeypatch.setattr("kvwire.kernels.chunk_gathered.gather_pages", None)
     chunk_case(name, gqa=3, heads=2, head_dim=32, prefix_pages=2, n=18, tol=1e-6)
 

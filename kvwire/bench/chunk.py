@@ -12,7 +12,9 @@ more work, but the mask can steer torch to a slower backend), all measured in on
 against ``paged_chunk_reference`` (pages decoded by the torch reference, fp32 attention). With
 ``--gathered-backends`` (default: all three), each row also times ``chunk_gathered.gathered_chunk_attention`` (the prefix decoded
 to bf16 by ``page_gather``, then each of torch's cuDNN / flash / efficient kernels) and the gather alone;
-``engine_path`` / ``engine_ms`` say which of the two the runner takes for that call and its time.
+``--key-splits`` times it with the prefix's keys in that many runs (labels ``cudnn/4``; default: the
+engine's count, ``chunk_plan.prefix_key_splits``). ``engine_path`` / ``engine_ms`` say which of the two
+the runner takes for that call and its time.
 
 Timing: each call captured in a CUDA graph (no host launch cost), median of the replays.
 """
@@ -37,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gathered-backends", default="cudnn,flash,efficient",
                         help="prefix kernels to time on the gathered path (the prefix decoded to bf16, then torch's "
                              "cuDNN / flash / efficient attention); empty: skip that path")
+    parser.add_argument("--key-splits", default="auto",
+                        help="comma-separated key-run counts to time on the gathered path (cuDNN does not split "
+                             "the keys, so a narrow chunk fills the GPU only in runs); auto: the engine's count")
     parser.add_argument("--num-q-heads", type=int, default=32)
     parser.add_argument("--num-kv-heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=128)
@@ -66,7 +71,7 @@ def run(args) -> dict:
     from kvwire.formats import KVFormat, PageFormat
     from kvwire.kernels.chunk_attention import paged_chunk_attention, paged_chunk_reference
     from kvwire.kernels.chunk_gathered import DEFAULT_BACKEND, PrefixBackend
-    from kvwire.kernels.chunk_plan import default_tile, gathered_prefix_pays, planned_splits
+    from kvwire.kernels.chunk_plan import default_tile, gathered_prefix_pays, planned_splits, prefix_key_splits
     if not torch.cuda.is_available():
         raise NoGpuError("kvwire bench chunk needs a CUDA GPU (torch sees none here)")
     dev = torch.device("cuda")
@@ -79,6 +84,7 @@ def run(args) -> dict:
         raise UsageError(f"--gathered-backends: unknown {', '.join(unknown)} "
                          f"(choose from {', '.join(b.value for b in PrefixBackend)})")
     backends = [PrefixBackend(b) for b in names]
+    key_splits = _key_splits(args.key_splits)
     rows = []
     cases = [(_tokens(a), int(c)) for a in args.prefixes.split(",") if a.strip()
              for c in args.chunks.split(",") if c.strip()]
@@ -122,14 +128,17 @@ def run(args) -> dict:
             print(f"  {name:16s} tile {tile} splits={splits:2d} {split_ms:.3f} ms (one pass {one_ms:.3f}) "
                   f"{row['tflops']:.0f} TFLOP/s  {row['vs_sdpa']:.2f}x SDPA  err {err:.1e}", flush=True)
             if backends:
-                row.update(_time_gathered(q, pos, storage, f, ids, ko, vo, prefix, static, ref, reps, backends))
+                runs = key_splits or [prefix_key_splits(n, hq, prefix, dev)]
+                row.update(_time_gathered(q, pos, storage, f, ids, ko, vo, prefix, static, ref, reps, backends,
+                                          runs))
                 row["gathered_vs_sdpa"] = {b: sdpa_ms / t for b, t in row["gathered_ms"].items() if t}
                 print(f"  {'':16s} gathered: prefix gather {row['gather_ms']:.3f} ms; "
                       + ", ".join(f"{b} {t:.3f} ms ({sdpa_ms / t:.2f}x SDPA, err {row['gathered_err'][b]:.1e})"
                                   if t else f"{b} failed" for b, t in row["gathered_ms"].items()), flush=True)
             # what the runner takes for this call (chunk_plan.gathered_prefix_pays), where it was timed
             row["engine_path"] = "gathered" if gathered_prefix_pays(n, hq, prefix, dev) else "paged"
-            row["engine_ms"] = (row.get("gathered_ms", {}).get(DEFAULT_BACKEND.value)
+            engine_label = gathered_label(DEFAULT_BACKEND.value, prefix_key_splits(n, hq, prefix, dev))
+            row["engine_ms"] = (row.get("gathered_ms", {}).get(engine_label)
                                 if row["engine_path"] == "gathered" else split_ms)
             row["engine_vs_sdpa"] = sdpa_ms / row["engine_ms"] if row["engine_ms"] else None
             del storage
@@ -138,10 +147,29 @@ def run(args) -> dict:
             "rows": rows}
 
 
+def _key_splits(text: str) -> list[int]:
+    """``--key-splits``: [] for auto, else the counts (each at least 1)."""
+    from kvwire.errors import UsageError
+    if text.strip() == "auto":
+        return []
+    try:
+        counts = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise UsageError(f"--key-splits: 'auto' or comma-separated counts of at least 1, got {text!r}")
+    return counts
+
+
+def gathered_label(backend: str, key_splits: int) -> str:
+    """The key of a gathered timing: the backend, with ``/S`` for S key runs."""
+    return backend if key_splits == 1 else f"{backend}/{key_splits}"
+
+
 def _time_gathered(q, pos, storage, f, ids, ko, vo, prefix: int, static, ref: torch.Tensor, reps: int,
-                   backends: list) -> dict:
-    """``gathered_chunk_attention`` with each prefix backend (time and error against ``ref``; None
-    where the backend refused the call), and ``gather_pages`` of the prefix alone."""
+                   backends: list, key_splits: list[int]) -> dict:
+    """``gathered_chunk_attention`` with each prefix backend and key-run count (time and error
+    against ``ref``; None where the backend refused the call), and ``gather_pages`` of the prefix alone."""
     from kvwire.bench.attention import time_graph
     from kvwire.kernels.chunk_gathered import gathered_chunk_attention
     from kvwire.kernels.page_gather import gather_pages
@@ -151,18 +179,20 @@ def _time_gathered(q, pos, storage, f, ids, ko, vo, prefix: int, static, ref: to
     res = {"gather_ms": time_graph([lambda: gather_pages(storage, f, 0, lead, static, buf)], reps),
            "gathered_ms": {}, "gathered_err": {}}
     for b in backends:
-        out = torch.full_like(q, float("nan"))
+        for s in key_splits:
+            label = gathered_label(b.value, s)
+            out = torch.full_like(q, float("nan"))
 
-        def call():
-            return gathered_chunk_attention(q, pos, storage, f, 0, ids, ko, vo, prefix, static, out, backend=b,
-                                            fallback=False)
-        try:
-            call()
-            res["gathered_err"][b.value] = float((out.double() - ref.double()).norm() / ref.double().norm())
-            res["gathered_ms"][b.value] = time_graph([call], reps)
-        except RuntimeError as e:
-            print(f"  gathered, {b.value}: {type(e).__name__} {str(e)[:160]}", flush=True)
-            res["gathered_ms"][b.value] = res["gathered_err"][b.value] = None
+            def call():
+                return gathered_chunk_attention(q, pos, storage, f, 0, ids, ko, vo, prefix, static, out, backend=b,
+                                                key_splits=s, fallback=False)
+            try:
+                call()
+                res["gathered_err"][label] = float((out.double() - ref.double()).norm() / ref.double().norm())
+                res["gathered_ms"][label] = time_graph([call], reps)
+            except RuntimeError as e:
+                print(f"  gathered, {label}: {type(e).__name__} {str(e)[:160]}", flush=True)
+                res["gathered_ms"][label] = res["gathered_err"][label] = None
     return res
 
 

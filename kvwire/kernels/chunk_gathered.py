@@ -19,6 +19,13 @@ query heads become rows of one KV head (queries x group), so each call is plain 
 attention over H heads. The gathered prefix is [2, H, T, D] bf16; a longer prefix than
 ``GATHER_MAX_BYTES`` holds goes in pieces, each one gather and one attention, whose partials merge
 by log-sum-exp (so a 128k-token prefix never needs its whole bf16 copy at once).
+
+cuDNN gives each 128-row tile of (query, head) rows one CTA and never splits the keys, so a narrow
+chunk leaves SMs idle. ``key_splits`` S cuts each piece into S equal runs of keys and makes every
+(KV head, run) a head of its own: [H, T, D] viewed as [H * S, T / S, D] is the same memory, the
+query rows are repeated S times, and the grid is S times larger; the runs' partials then merge by
+log-sum-exp. The prefix is shortened to a multiple of S pages; the pages left over go to
+``paged_chunk_attention`` with the chunk's own.
 """
 from __future__ import annotations
 
@@ -30,6 +37,7 @@ import torch
 from kvwire.formats import PageFormat
 from kvwire.kernels._common import use_triton
 from kvwire.kernels.chunk_attention import paged_chunk_attention
+from kvwire.kernels.chunk_plan import prefix_key_splits
 from kvwire.kernels.page_gather import gather_pages
 
 
@@ -50,17 +58,22 @@ log = logging.getLogger(__name__)
 _REFUSED: set[tuple[str, PrefixBackend, int]] = set()
 
 
-def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     backend: PrefixBackend = DEFAULT_BACKEND) -> tuple[torch.Tensor, torch.Tensor]:
+def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: PrefixBackend = DEFAULT_BACKEND,
+                     key_splits: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Unmasked attention of q [N, Hq, D] over k, v [H, T, D] (bf16): (out [N, Hq, D], lse [N, Hq]).
 
-    lse is the natural-log sum of exp(q.k / sqrt(D)) over the T keys, in fp32. On the CPU (tests)
-    torch's CPU flash kernel runs, whatever ``backend`` says."""
+    lse is the natural-log sum of exp(q.k / sqrt(D)) over the T keys, in fp32. ``key_splits`` S
+    (dividing T) runs the keys as S runs of T / S, each its own head (module docstring); the out
+    is then fp32. On the CPU (tests) torch's CPU flash kernel runs, whatever ``backend`` says."""
     n, hq, d = q.shape
-    h = k.shape[0]
-    g = hq // h
+    h, t = k.shape[0], k.shape[1]
+    if key_splits < 1 or t % key_splits:
+        raise ValueError(f"key_splits must be a positive divisor of the {t} keys, got {key_splits}")
+    g, s = hq // h, key_splits
     rows = q.to(torch.bfloat16).view(n, h, g, d).permute(1, 0, 2, 3).reshape(1, h, n * g, d)
-    kk, vv = k[None], v[None]
+    if s > 1:
+        rows = rows.repeat_interleave(s, dim=1)
+    kk, vv = k.reshape(1, h * s, t // s, d), v.reshape(1, h * s, t // s, d)
     ops = torch.ops.aten
     if not q.is_cuda:
         o, lse = ops._scaled_dot_product_flash_attention_for_cpu(rows, kk, vv)
@@ -70,7 +83,12 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         o, lse = ops._scaled_dot_product_flash_attention(rows, kk, vv)[:2]
     else:
         o, lse = ops._scaled_dot_product_efficient_attention(rows, kk, vv, None, True)[:2]
-    lse = lse.reshape(1, h, -1)[..., : n * g]          # the efficient kernel pads its rows
+    lse = lse.reshape(h, s, -1)[..., : n * g].float()     # the efficient kernel pads its rows
+    o = o.reshape(h, s, n * g, d)
+    if s > 1:       # merge the runs: weights exp(lse_run - lse_all)
+        total = torch.logsumexp(lse, dim=1, keepdim=True)
+        o = (o.float() * torch.exp(lse - total)[..., None]).sum(dim=1, keepdim=True)
+        lse = total
     out = o.reshape(h, n, g, d).permute(1, 0, 2, 3).reshape(n, hq, d)
     return out, lse.reshape(h, n, g).permute(1, 0, 2).reshape(n, hq).float()
 
@@ -79,21 +97,27 @@ def gathered_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torc
                              layer: int, page_ids: torch.Tensor, k_open: torch.Tensor, v_open: torch.Tensor,
                              open_start: int, static_scales: torch.Tensor | None = None,
                              out: torch.Tensor | None = None, *, backend: PrefixBackend = DEFAULT_BACKEND,
-                             fallback: bool = True) -> torch.Tensor:
+                             key_splits: int | None = None, fallback: bool = True) -> torch.Tensor:
     """``paged_chunk_attention``'s arguments and result, the prefix through ``gather_pages`` and
     ``prefix_attention`` (module docstring). Every query's position must be >= ``open_start``.
 
     Without a prefix, without the Triton kernel, or where the backend refused before, this is
-    ``paged_chunk_attention`` over everything. fallback=False (benchmarks): a refusal raises."""
+    ``paged_chunk_attention`` over everything. ``key_splits``: runs of the prefix's keys (default:
+    ``chunk_plan.prefix_key_splits``). fallback=False (benchmarks): a refusal raises."""
     p = page_format.page_size
     if open_start % p:
         raise ValueError("open_start must be a multiple of the page size")
+    if key_splits is not None and key_splits < 1:
+        raise ValueError(f"key_splits must be at least 1, got {key_splits}")
     lead = min(open_start // p, page_ids.numel())
+    splits = key_splits or prefix_key_splits(q.shape[0], q.shape[1], lead * p, storage.device)
+    lead -= lead % splits
     key = (str(storage.device), backend, page_format.head_dim)
     partial = None
     if lead and q.shape[0] and use_triton(storage) and key not in _REFUSED:
         try:
-            partial = _prefix_partial(q, storage, page_format, layer, page_ids[:lead], static_scales, backend)
+            partial = _prefix_partial(q, storage, page_format, layer, page_ids[:lead], static_scales, backend,
+                                      splits)
         except torch.OutOfMemoryError:
             raise
         except RuntimeError as exc:     # refused before it ran (unsupported here): nothing half written
@@ -111,13 +135,16 @@ def gathered_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torc
 
 
 def _prefix_partial(q: torch.Tensor, storage: torch.Tensor, f: PageFormat, layer: int, prefix_ids: torch.Tensor,
-                    static_scales: torch.Tensor | None, backend: PrefixBackend) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) of q over the pages ``prefix_ids``: gathered in pieces of at most GATHER_MAX_BYTES."""
+                    static_scales: torch.Tensor | None, backend: PrefixBackend,
+                    splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of q over the pages ``prefix_ids`` (a multiple of ``splits`` pages): gathered in
+    pieces of at most GATHER_MAX_BYTES, each a multiple of ``splits`` pages, its keys in that many runs."""
     step = max(1, GATHER_MAX_BYTES // (2 * f.num_kv_heads * f.page_size * f.head_dim * 2))    # pages per piece
+    step = max(splits, step - step % splits)
     partial = None
     for first in range(0, prefix_ids.numel(), step):
         kv = gather_pages(storage, f, layer, prefix_ids[first:first + step], static_scales)
-        piece = prefix_attention(q, kv[0], kv[1], backend)
+        piece = prefix_attention(q, kv[0], kv[1], backend, splits)
         partial = piece if partial is None else merge_partials(partial, piece)
     return partial
 

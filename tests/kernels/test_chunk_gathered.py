@@ -62,8 +62,21 @@ def test_prefix_attention_returns_out_and_log_sum_exp():
     assert rel_err(out, ref) < 1e-2
 
 
+def test_prefix_attention_in_key_runs_is_one_run():
+    # 4 runs of 10 keys, each its own head, merged by log-sum-exp: the same out and lse as one run
+    gen = torch.Generator().manual_seed(6)
+    q = torch.randn((5, 8, 32), generator=gen).to(torch.bfloat16)
+    k, v = (torch.randn((2, 40, 32), generator=gen).to(torch.bfloat16) for _ in range(2))
+    out1, lse1 = prefix_attention(q, k, v)
+    out4, lse4 = prefix_attention(q, k, v, key_splits=4)
+    assert torch.allclose(lse4, lse1, atol=1e-4)
+    assert rel_err(out4, out1) < 1e-2
+    with pytest.raises(ValueError, match="divisor of the 40 keys"):
+        prefix_attention(q, k, v, key_splits=3)
+
+
 def chunk_case(name, gqa, heads, head_dim, prefix_pages, n, seed=0, backend=PrefixBackend.CUDNN, tol=1e-2,
-               fallback=True):
+               fallback=True, key_splits=None):
     gen = torch.Generator(device=DEV).manual_seed(seed)
     f = make_format(name, page_size=16, layers=2, heads=heads, head_dim=head_dim)
     stored = prefix_pages + n // 16                  # the chunk's full pages are stored too, as the runner does
@@ -75,7 +88,7 @@ def chunk_case(name, gqa, heads, head_dim, prefix_pages, n, seed=0, backend=Pref
     q = torch.randn((n, gqa * heads, head_dim), device=DEV, generator=gen).to(torch.bfloat16)
     out = torch.full_like(q, float("nan"))
     gathered_chunk_attention(q, pos, storage, f, 1, ids, ko, vo, open_start, static, out=out, backend=backend,
-                             fallback=fallback)
+                             fallback=fallback, key_splits=key_splits)
     ref = paged_chunk_reference(q, pos, storage, f, 1, ids, ko, vo, open_start, static)
     assert not out.isnan().any(), "an output was left unwritten"
     err = rel_err(out, ref)
@@ -101,6 +114,21 @@ def test_gathered_chunk_prefix_in_pieces(monkeypatch):
     f = make_format("fp8-token", heads=2, head_dim=64)
     monkeypatch.setattr("kvwire.kernels.chunk_gathered.GATHER_MAX_BYTES", 2 * f.num_kv_heads * 16 * 64 * 2 * 2)
     chunk_case("fp8-token", gqa=3, heads=2, head_dim=64, prefix_pages=5, n=20, seed=7)
+
+
+@kernels_run
+@pytest.mark.parametrize("key_splits", [2, 3])
+def test_gathered_chunk_in_key_runs(key_splits):
+    # 7 prefix pages: 6 go to cuDNN in 2 or 3 runs, the 7th (3 runs: 1 over) to the paged kernel
+    chunk_case("nvfp4", gqa=3, heads=2, head_dim=64, prefix_pages=7, n=20, seed=key_splits, key_splits=key_splits)
+
+
+@kernels_run
+def test_gathered_chunk_in_key_runs_and_pieces(monkeypatch):
+    # 5 pages per piece, cut to 4 for 2 runs: a 9-page prefix goes as 4 + 4 pages, the 9th paged
+    f = make_format("fp8-token", heads=2, head_dim=64)
+    monkeypatch.setattr("kvwire.kernels.chunk_gathered.GATHER_MAX_BYTES", 5 * f.num_kv_heads * 16 * 64 * 2 * 2)
+    chunk_case("fp8-token", gqa=4, heads=2, head_dim=64, prefix_pages=9, n=20, seed=9, key_splits=2)
 
 
 @kernels_run
@@ -145,8 +173,17 @@ def test_gpu_gathered_chunk(name, backend, n):
     chunk_case(name, gqa=4, heads=8, head_dim=128, prefix_pages=300, n=n, backend=backend)
 
 
+@pytest.mark.parametrize("name", ["fp8-token", "nvfp4", "bf16"])
+@pytest.mark.parametrize("backend", list(PrefixBackend), ids=[b.value for b in PrefixBackend])
+@pytest.mark.parametrize("key_splits", [2, 8])
+def test_gpu_gathered_chunk_in_key_runs(name, backend, key_splits):
+    # 300 prefix pages: 8 runs leave 4 pages to the paged kernel
+    chunk_case(name, gqa=4, heads=8, head_dim=128, prefix_pages=300, n=64, backend=backend, key_splits=key_splits)
+
+
 for _mark in gpu:
     test_gpu_gathered_chunk = _mark(test_gpu_gathered_chunk)
+    test_gpu_gathered_chunk_in_key_runs = _mark(test_gpu_gathered_chunk_in_key_runs)
 
 
 @pytest.mark.parametrize("capability, queries, prefix, expect", [
@@ -162,3 +199,22 @@ def test_gathered_prefix_policy(monkeypatch, capability, queries, prefix, expect
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev: capability)
     assert chunk_plan.gathered_prefix_pays(queries, 32, prefix, torch.device("cuda", 0)) is expect
     assert not chunk_plan.gathered_prefix_pays(queries, 32, prefix, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("queries, prefix, splits, pays", [
+    (512, 32768, 1, True),      # 128 tiles already
+    (256, 8192, 2, True),       # 64 tiles x 2 runs of 4k
+    (64, 32768, 8, True),       # 16 tiles x 8 runs of 4k
+    (64, 8192, 2, False),       # runs under 4k would be needed
+    (16, 131072, 8, False),     # 4 tiles: the cap of 8 runs is not enough
+])
+def test_prefix_key_splits_fill_the_grid(monkeypatch, queries, prefix, splits, pays):
+    from kvwire.kernels import chunk_plan
+    monkeypatch.setattr(chunk_plan, "interpreting", lambda: False)
+    monkeypatch.setattr(chunk_plan, "num_sms", lambda dev: 132)
+    monkeypatch.setattr(chunk_plan, "GATHER_MAX_KEY_SPLITS", 8)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev: (9, 0))
+    dev = torch.device("cuda", 0)
+    assert chunk_plan.prefix_key_splits(queries, 32, prefix, dev) == splits
+    assert chunk_plan.gathered_prefix_pays(queries, 32, prefix, dev) is pays
+    assert chunk_plan.prefix_key_splits(queries, 32, prefix, torch.device("cpu")) == 1

@@ -25,3 +25,20 @@ def test_table_names_the_fastest_backend_and_the_engine_path():
 def test_table_without_the_gathered_path():
     line = table(row(gathered_ms={}, engine_path="paged", engine_ms=1.1, engine_vs_sdpa=0.42)).splitlines()[-1]
     assert line.endswith("| - | - | paged | 0.42x |")
+
+
+def test_table_names_a_key_run_count():
+    line = table(row(gathered_ms={"cudnn": 0.9, "cudnn/4": 0.5})).splitlines()[-1]
+    assert "| 0.500 (cudnn/4) | 0.92x |" in line
+
+
+def test_key_splits_flag():
+    import pytest
+
+    from kvwire.errors import UsageError
+    assert chunk._key_splits("auto") == []
+    assert chunk._key_splits("1, 2,8") == [1, 2, 8]
+    for bad in ("0,2", "two", ""):
+        with pytest.raises(UsageError, match="--key-splits"):
+            chunk._key_splits(bad)
+    assert chunk.gathered_label("cudnn", 1) == "cudnn" and chunk.gathered_label("flash", 4) == "flash/4"

@@ -212,8 +212,8 @@ class ModelRunner:
             from kvwire.kernels.chunk_attention import paged_chunk_attention
             from kvwire.kernels.chunk_gathered import gathered_chunk_attention
             from kvwire.kernels.chunk_plan import gathered_prefix_pays
-            attend = (gathered_chunk_attention if gathered_prefix_pays(q.shape[0], q.shape[1], open_start, kv.device)
-                      else paged_chunk_attention)
+            gathered = gathered_prefix_pays(q.shape[0], q.shape[1], open_start, kv.format, kv.device)
+            attend = gathered_chunk_attention if gathered else paged_chunk_attention
             return attend(q, pos, kv.pool.storage, kv.format, layer, page_ids, opened[0], opened[1], open_start,
                           kv.static_scales)
         pages = page_ids.tolist()

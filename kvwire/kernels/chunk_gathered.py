@@ -110,7 +110,7 @@ def gathered_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torc
     if key_splits is not None and key_splits < 1:
         raise ValueError(f"key_splits must be at least 1, got {key_splits}")
     lead = min(open_start // p, page_ids.numel())
-    splits = key_splits or prefix_key_splits(q.shape[0], q.shape[1], lead * p, storage.device)
+    splits = key_splits or prefix_key_splits(q.shape[0], q.shape[1], lead * p, page_format, storage.device)
     lead -= lead % splits
     key = (str(storage.device), backend, page_format.head_dim)
     partial = None

@@ -125,40 +125,49 @@ def planned_splits(num_queries: int, num_q_heads: int, page_format: PageFormat, 
 
 # When a chunk's prefix goes through chunk_gathered (decoded to bf16, then cuDNN's attention):
 # measured on an H100, Hq = 32, Hkv = 8, D = 128 (docs/benchmarks.md, "Chunk attention: the gathered
-# prefix"). It pays where cuDNN's grid, one 128-row tile of (query, head) rows per CTA, fills at
-# least GATHER_MIN_WAVE of the GPU and the prefix is long enough for its one extra bf16 write to be
-# repaid. 512 queries: 32k nvfp4 1.11 -> 0.56 ms, fp8-tensor 0.69 -> 0.56; 8k nvfp4 0.30 -> 0.19,
-# fp8-tensor 0.193 -> 0.197 (the one loss). 1024 queries at 4k: bf16 and fp8-tensor lose 5-9%, so
-# the prefix threshold is 8k. cuDNN does not split the keys itself: a narrower chunk can fill the
-# grid only by key splits (``prefix_key_splits``: the prefix cut into equal runs, each run's rows a
-# head of their own, the runs' partials merged), up to GATHER_MAX_KEY_SPLITS runs of at least
-# GATHER_MIN_RUN tokens.
+# prefix" and "key runs"). It pays where cuDNN's grid, one 128-row tile of (query, head) rows per
+# CTA, fills at least GATHER_MIN_WAVE of the GPU and the prefix is long enough for its one extra
+# bf16 write to be repaid. 512 queries: 32k nvfp4 1.11 -> 0.56 ms, fp8-tensor 0.69 -> 0.56; 8k
+# nvfp4 0.30 -> 0.19, fp8-tensor 0.193 -> 0.197 (the one loss). 1024 queries at 4k: bf16 and
+# fp8-tensor lose 5-9%, so the prefix threshold is 8k.
+# cuDNN does not split the keys itself: a narrower chunk fills the grid only in key runs
+# (``prefix_key_splits``: the prefix cut into equal runs, each run's rows a head of their own, the
+# runs' partials merged), and each run must be long enough. Runs of 8k tokens repay it for pages
+# with an NVFP4 part, whose paged kernel is the slowest (256 queries after 16k: 0.31 -> 0.24 ms in
+# 2 runs; 128 after 32k: 0.33 -> 0.27 in 4); other formats need runs of 16k (256 after 32k, 2 runs:
+# bf16 0.46 -> 0.40, fp8-tensor 0.379 -> 0.376; at 8k runs they lose 6-35%). Runs of 4k lost for
+# every format, and so did 64-query chunks at every prefix up to 32k.
 GATHER_MIN_PREFIX = 8192          # tokens
 GATHER_MIN_WAVE = 0.9             # cuDNN tiles / SMs
 GATHER_ROWS = 128                 # rows of one cuDNN tile
-GATHER_MAX_KEY_SPLITS = 1         # not yet measured: the engine does not split (kvwire bench chunk --key-splits)
-GATHER_MIN_RUN = 4096             # tokens of one key split
+GATHER_MAX_KEY_SPLITS = 8         # the most key runs measured
+GATHER_MIN_RUN = 16384            # tokens of one key run
+GATHER_MIN_RUN_NVFP4 = 8192       # the same where keys or values are NVFP4
 
 
-def prefix_key_splits(num_queries: int, num_q_heads: int, prefix_tokens: int, device: torch.device) -> int:
+def prefix_key_splits(num_queries: int, num_q_heads: int, prefix_tokens: int, page_format: PageFormat,
+                      device: torch.device) -> int:
     """How many equal runs of keys ``chunk_gathered`` cuts the prefix into: the fewest (a power of
     two) whose cuDNN grid fills GATHER_MIN_WAVE of the SMs, within the limits above; 1 off the GPU."""
     if device.type != "cuda" or interpreting():
         return 1
+    kv = page_format.kv
+    min_run = GATHER_MIN_RUN_NVFP4 if ElementType.NVFP4 in (kv.key.element, kv.value.element) else GATHER_MIN_RUN
     tiles = triton.cdiv(num_queries * num_q_heads, GATHER_ROWS)
     splits = 1
     while (splits < GATHER_MAX_KEY_SPLITS and tiles * splits < GATHER_MIN_WAVE * num_sms(device)
-           and prefix_tokens // (2 * splits) >= GATHER_MIN_RUN):
+           and prefix_tokens // (2 * splits) >= min_run):
         splits *= 2
     return splits
 
 
-def gathered_prefix_pays(num_queries: int, num_q_heads: int, prefix_tokens: int, device: torch.device) -> bool:
+def gathered_prefix_pays(num_queries: int, num_q_heads: int, prefix_tokens: int, page_format: PageFormat,
+                         device: torch.device) -> bool:
     """Whether a chunk's attention should take ``chunk_gathered`` rather than read its prefix
     compact: only on Hopper (where it was measured; cuDNN's fused attention elsewhere is not), with
-    the grid (key splits included) and prefix of the constants above."""
+    the grid (key runs included) and prefix of the constants above."""
     if device.type != "cuda" or interpreting() or torch.cuda.get_device_capability(device)[0] != 9:
         return False
     tiles = triton.cdiv(num_queries * num_q_heads, GATHER_ROWS)
-    splits = prefix_key_splits(num_queries, num_q_heads, prefix_tokens, device)
+    splits = prefix_key_splits(num_queries, num_q_heads, prefix_tokens, page_format, device)
     return prefix_tokens >= GATHER_MIN_PREFIX and tiles * splits >= GATHER_MIN_WAVE * num_sms(device)

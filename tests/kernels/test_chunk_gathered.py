@@ -188,7 +188,7 @@ for _mark in gpu:
 
 @pytest.mark.parametrize("capability, queries, prefix, expect", [
     ((9, 0), 512, 32768, True),      # 512 x 32 rows = 128 tiles on 132 SMs, a long prefix
-    ((9, 0), 64, 32768, False),      # 16 tiles: cuDNN would leave most SMs idle
+    ((9, 0), 64, 32768, False),      # 16 tiles: runs of 8k would give 64, runs of 4k lost
     ((9, 0), 512, 2048, False),      # too short a prefix to repay the bf16 write
     ((8, 0), 512, 32768, False),     # not measured off Hopper
 ])
@@ -197,24 +197,28 @@ def test_gathered_prefix_policy(monkeypatch, capability, queries, prefix, expect
     monkeypatch.setattr(chunk_plan, "interpreting", lambda: False)
     monkeypatch.setattr(chunk_plan, "num_sms", lambda dev: 132)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev: capability)
-    assert chunk_plan.gathered_prefix_pays(queries, 32, prefix, torch.device("cuda", 0)) is expect
-    assert not chunk_plan.gathered_prefix_pays(queries, 32, prefix, torch.device("cpu"))
+    for name in ("fp8-tensor", "nvfp4", "bf16"):
+        f = make_format(name, heads=8, head_dim=128)
+        assert chunk_plan.gathered_prefix_pays(queries, 32, prefix, f, torch.device("cuda", 0)) is expect
+        assert not chunk_plan.gathered_prefix_pays(queries, 32, prefix, f, torch.device("cpu"))
 
 
-@pytest.mark.parametrize("queries, prefix, splits, pays", [
-    (512, 32768, 1, True),      # 128 tiles already
-    (256, 8192, 2, True),       # 64 tiles x 2 runs of 4k
-    (64, 32768, 8, True),       # 16 tiles x 8 runs of 4k
-    (64, 8192, 2, False),       # runs under 4k would be needed
-    (16, 131072, 8, False),     # 4 tiles: the cap of 8 runs is not enough
+@pytest.mark.parametrize("name, queries, prefix, splits, pays", [
+    ("fp8-tensor", 512, 32768, 1, True),      # 128 tiles already
+    ("nvfp4", 256, 16384, 2, True),           # 64 tiles x 2 runs of 8k (NVFP4: runs of 8k repay)
+    ("fp8-token/nvfp4", 128, 32768, 4, True),  # 32 tiles x 4 runs of 8k
+    ("bf16", 256, 32768, 2, True),            # other formats: runs of 16k
+    ("bf16", 256, 16384, 1, False),           # runs of 8k lost for them
+    ("fp8-tensor", 128, 32768, 2, False),     # 2 runs of 16k give 64 tiles only
+    ("nvfp4", 64, 32768, 4, False),           # 16 tiles x 4 runs of 8k: still half the GPU
+    ("nvfp4", 16, 1 << 20, 8, False),         # 4 tiles: the cap of 8 runs is not enough
 ])
-def test_prefix_key_splits_fill_the_grid(monkeypatch, queries, prefix, splits, pays):
+def test_prefix_key_splits_fill_the_grid(monkeypatch, name, queries, prefix, splits, pays):
     from kvwire.kernels import chunk_plan
     monkeypatch.setattr(chunk_plan, "interpreting", lambda: False)
     monkeypatch.setattr(chunk_plan, "num_sms", lambda dev: 132)
-    monkeypatch.setattr(chunk_plan, "GATHER_MAX_KEY_SPLITS", 8)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev: (9, 0))
-    dev = torch.device("cuda", 0)
-    assert chunk_plan.prefix_key_splits(queries, 32, prefix, dev) == splits
-    assert chunk_plan.gathered_prefix_pays(queries, 32, prefix, dev) is pays
-    assert chunk_plan.prefix_key_splits(queries, 32, prefix, torch.device("cpu")) == 1
+    dev, f = torch.device("cuda", 0), make_format(name, heads=8, head_dim=128)
+    assert chunk_plan.prefix_key_splits(queries, 32, prefix, f, dev) == splits
+    assert chunk_plan.gathered_prefix_pays(queries, 32, prefix, f, dev) is pays
+    assert chunk_plan.prefix_key_splits(queries, 32, prefix, f, torch.device("cpu")) == 1

@@ -12,7 +12,7 @@ import torch
 import triton
 from triton.runtime.errors import OutOfResources
 
-from kvwire.formats import ElementType, PageFormat
+from kvwire.formats import ElementType, Granularity, PageFormat
 from kvwire.kernels._common import interpreting, num_sms, pow2
 
 log = logging.getLogger(__name__)
@@ -133,16 +133,17 @@ def planned_splits(num_queries: int, num_q_heads: int, page_format: PageFormat, 
 # cuDNN does not split the keys itself: a narrower chunk fills the grid only in key runs
 # (``prefix_key_splits``: the prefix cut into equal runs, each run's rows a head of their own, the
 # runs' partials merged), and each run must be long enough. Runs of 8k tokens repay it for pages
-# with an NVFP4 part, whose paged kernel is the slowest (256 queries after 16k: 0.31 -> 0.24 ms in
-# 2 runs; 128 after 32k: 0.33 -> 0.27 in 4); other formats need runs of 16k (256 after 32k, 2 runs:
-# bf16 0.46 -> 0.40, fp8-tensor 0.379 -> 0.376; at 8k runs they lose 6-35%). Runs of 4k lost for
-# every format, and so did 64-query chunks at every prefix up to 32k.
+# whose paged kernel is the slowest, those with an NVFP4 or a token-scaled FP8 part (256 queries
+# after 16k, 2 runs: nvfp4 0.31 -> 0.24 ms, fp8-token 0.28 -> 0.25; 128 after 32k, 4 runs: nvfp4
+# 0.33 -> 0.26); the others need runs of 16k (256 after 32k, 2 runs: bf16 0.46 -> 0.42,
+# fp8-tensor 0.378 -> 0.373; at 8k runs they lose 6-35%). Runs of 4k lost for every format, and
+# so did 64-query chunks at every prefix up to 32k.
 GATHER_MIN_PREFIX = 8192          # tokens
 GATHER_MIN_WAVE = 0.9             # cuDNN tiles / SMs
 GATHER_ROWS = 128                 # rows of one cuDNN tile
 GATHER_MAX_KEY_SPLITS = 8         # the most key runs measured
 GATHER_MIN_RUN = 16384            # tokens of one key run
-GATHER_MIN_RUN_NVFP4 = 8192       # the same where keys or values are NVFP4
+GATHER_MIN_RUN_SLOW_PAGES = 8192  # the same where keys or values are NVFP4 or token-scaled FP8
 
 
 def prefix_key_splits(num_queries: int, num_q_heads: int, prefix_tokens: int, page_format: PageFormat,
@@ -151,8 +152,9 @@ def prefix_key_splits(num_queries: int, num_q_heads: int, prefix_tokens: int, pa
     two) whose cuDNN grid fills GATHER_MIN_WAVE of the SMs, within the limits above; 1 off the GPU."""
     if device.type != "cuda" or interpreting():
         return 1
-    kv = page_format.kv
-    min_run = GATHER_MIN_RUN_NVFP4 if ElementType.NVFP4 in (kv.key.element, kv.value.element) else GATHER_MIN_RUN
+    parts = (page_format.kv.key, page_format.kv.value)
+    slow = any(t.element is ElementType.NVFP4 or t.granularity is Granularity.TOKEN for t in parts)
+    min_run = GATHER_MIN_RUN_SLOW_PAGES if slow else GATHER_MIN_RUN
     tiles = triton.cdiv(num_queries * num_q_heads, GATHER_ROWS)
     splits = 1
     while (splits < GATHER_MAX_KEY_SPLITS and tiles * splits < GATHER_MIN_WAVE * num_sms(device)

@@ -206,6 +206,8 @@ def test_gathered_prefix_policy(monkeypatch, capability, queries, prefix, expect
 @pytest.mark.parametrize("name, queries, prefix, splits, pays", [
     ("fp8-tensor", 512, 32768, 1, True),      # 128 tiles already
     ("nvfp4", 256, 16384, 2, True),           # 64 tiles x 2 runs of 8k (NVFP4: runs of 8k repay)
+    ("fp8-token", 256, 16384, 2, True),       # so do token-scaled FP8 pages
+    ("fp8-page", 256, 16384, 1, False),       # not page-scaled ones (runs of 16k)
     ("fp8-token/nvfp4", 128, 32768, 4, True),  # 32 tiles x 4 runs of 8k
     ("bf16", 256, 32768, 2, True),            # other formats: runs of 16k
     ("bf16", 256, 16384, 1, False),           # runs of 8k lost for them

@@ -287,7 +287,8 @@ def paged_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.T
     num_splits: ranges the stored pages are split into (None: ``chunk_plan.planned_splits``; 1: one pass,
     no partials). fp8_dot: FP8 keys on E4M3 tensor cores (sm_89+; False: dequantised to fp16 first).
     prefix_partial: (out [N, Hq, D], log-sum-exp [N, Hq], natural log) of the same queries over keys
-    that lie before all of these (``chunk_gathered``), merged in as one more partial.
+    that lie before all of these (``chunk_gathered``), merged in as one more partial; or K of them,
+    ([K, N, Hq, D], [K, N, Hq]), over disjoint key sets.
     Returns [N, Hq, D] in q's dtype, as ``attend_paged_reference`` over the decoded pages.
     """
     f = page_format
@@ -304,9 +305,11 @@ def paged_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.T
         out = torch.empty_like(q)
     if n == 0:
         return out
-    if prefix_partial is not None and (tuple(prefix_partial[0].shape) != (n, hq, d)
-                                       or tuple(prefix_partial[1].shape) != (n, hq)):
-        raise ValueError(f"prefix_partial must be ([{n}, {hq}, {d}], [{n}, {hq}])")
+    if prefix_partial is not None:
+        po, pl = prefix_partial
+        if po.dim() not in (3, 4) or tuple(po.shape[-3:]) != (n, hq, d) or tuple(pl.shape) != tuple(po.shape[:-1]):
+            raise ValueError(f"prefix_partial must be ([K,] [{n}, {hq}, {d}], [K,] [{n}, {hq}]), got "
+                             f"{tuple(po.shape)} / {tuple(pl.shape)}")
     if not use_triton(storage):
         if prefix_partial is not None:
             raise ValueError("prefix_partial needs the Triton kernel (CUDA or TRITON_INTERPRET=1)")
@@ -356,7 +359,8 @@ def _launch(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.Tensor, f: Page
     # every split's range a whole number of key tiles, the ranges covering the stored prefix
     split_tokens = triton.cdiv(triton.cdiv(max(stored, 1), splits), bn) * bn
     programs = splits + 1 if split else 1               # split S: the open tokens
-    parts = programs + (prefix_partial is not None)     # and the prefix's partial last
+    prefix_parts = 0 if prefix_partial is None else prefix_partial[1].numel() // (n * hq)
+    parts = programs + prefix_parts                     # and the prefix's partials last
     # an E4M3 dot reduces over at least 32 elements: smaller heads keep the fp16 path
     fp8_keys = fp8_dot and kf.element is ElementType.FP8 and block_d >= 32 and fp8_tensor_cores(dev)
     # the FP8 key bytes as E4M3 for that dot only: an fp8e4nv pointer does not compile before sm_89,
@@ -366,10 +370,10 @@ def _launch(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.Tensor, f: Page
         part_acc = partials((parts, n, hq, d), dev, hw)
         part_m = partials((parts, n, hq), dev, hw)
         part_l = partials((parts, n, hq), dev, hw)
-        if prefix_partial is not None:   # as a partial: normalised (l = 1), its max the log2-sum-exp
-            part_acc[-1].copy_(prefix_partial[0])
-            torch.mul(prefix_partial[1], LOG2E, out=part_m[-1])
-            part_l[-1].fill_(1.0)
+        if prefix_parts:   # as partials: normalised (l = 1), their max the log2-sum-exp
+            part_acc[-prefix_parts:].copy_(prefix_partial[0].view(prefix_parts, n, hq, d))
+            torch.mul(prefix_partial[1].view(prefix_parts, n, hq), LOG2E, out=part_m[-prefix_parts:])
+            part_l[-prefix_parts:].fill_(1.0)
     else:
         part_acc = part_m = part_l = out                # not touched
     _chunk_kernel[(m_blocks, h, programs)](

@@ -23,9 +23,10 @@ by log-sum-exp (so a 128k-token prefix never needs its whole bf16 copy at once).
 cuDNN gives each 128-row tile of (query, head) rows one CTA and never splits the keys, so a narrow
 chunk leaves SMs idle. ``key_splits`` S cuts each piece into S equal runs of keys and makes every
 (KV head, run) a head of its own: [H, T, D] viewed as [H * S, T / S, D] is the same memory, the
-query rows are repeated S times, and the grid is S times larger; the runs' partials then merge by
-log-sum-exp. The prefix is shortened to a multiple of S pages; the pages left over go to
-``paged_chunk_attention`` with the chunk's own.
+query rows are repeated S times, and the grid is S times larger. Each run's (output, log-sum-exp)
+is one more partial of ``paged_chunk_attention``, whose merge kernel combines them with its own, so
+no torch-side merge runs (nor between pieces). The prefix is shortened to a multiple of S pages; the
+pages left over go to ``paged_chunk_attention`` with the chunk's own.
 """
 from __future__ import annotations
 
@@ -60,11 +61,12 @@ _REFUSED: set[tuple[str, PrefixBackend, int]] = set()
 
 def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: PrefixBackend = DEFAULT_BACKEND,
                      key_splits: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """Unmasked attention of q [N, Hq, D] over k, v [H, T, D] (bf16): (out [N, Hq, D], lse [N, Hq]).
+    """Unmasked attention of q [N, Hq, D] over k, v [H, T, D] (bf16) in ``key_splits`` S equal runs
+    of keys (S dividing T; module docstring): (out [S, N, Hq, D] bf16, lse [S, N, Hq] fp32), one
+    partial per run, each normalised over its own keys.
 
-    lse is the natural-log sum of exp(q.k / sqrt(D)) over the T keys, in fp32. ``key_splits`` S
-    (dividing T) runs the keys as S runs of T / S, each its own head (module docstring); the out
-    is then fp32. On the CPU (tests) torch's CPU flash kernel runs, whatever ``backend`` says."""
+    lse is the natural-log sum of exp(q.k / sqrt(D)) over the run's keys. On the CPU (tests) torch's
+    CPU flash kernel runs, whatever ``backend`` says."""
     n, hq, d = q.shape
     h, t = k.shape[0], k.shape[1]
     if key_splits < 1 or t % key_splits:
@@ -83,14 +85,9 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend:
         o, lse = ops._scaled_dot_product_flash_attention(rows, kk, vv)[:2]
     else:
         o, lse = ops._scaled_dot_product_efficient_attention(rows, kk, vv, None, True)[:2]
-    lse = lse.reshape(h, s, -1)[..., : n * g].float()     # the efficient kernel pads its rows
-    o = o.reshape(h, s, n * g, d)
-    if s > 1:       # merge the runs: weights exp(lse_run - lse_all)
-        total = torch.logsumexp(lse, dim=1, keepdim=True)
-        o = (o.float() * torch.exp(lse - total)[..., None]).sum(dim=1, keepdim=True)
-        lse = total
-    out = o.reshape(h, n, g, d).permute(1, 0, 2, 3).reshape(n, hq, d)
-    return out, lse.reshape(h, n, g).permute(1, 0, 2).reshape(n, hq).float()
+    lse = lse.reshape(h, s, -1)[..., : n * g]          # the efficient kernel pads its rows
+    out = o.reshape(h, s, n, g, d).permute(1, 2, 0, 3, 4).reshape(s, n, hq, d)
+    return out, lse.reshape(h, s, n, g).permute(1, 2, 0, 3).reshape(s, n, hq).float()
 
 
 def gathered_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torch.Tensor, page_format: PageFormat,
@@ -137,21 +134,16 @@ def gathered_chunk_attention(q: torch.Tensor, q_pos: torch.Tensor, storage: torc
 def _prefix_partial(q: torch.Tensor, storage: torch.Tensor, f: PageFormat, layer: int, prefix_ids: torch.Tensor,
                     static_scales: torch.Tensor | None, backend: PrefixBackend,
                     splits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) of q over the pages ``prefix_ids`` (a multiple of ``splits`` pages): gathered in
-    pieces of at most GATHER_MAX_BYTES, each a multiple of ``splits`` pages, its keys in that many runs."""
+    """Partials (out [K, N, Hq, D], lse [K, N, Hq]) of q over the pages ``prefix_ids`` (a multiple of
+    ``splits`` pages): gathered in pieces of at most GATHER_MAX_BYTES, each a multiple of ``splits``
+    pages, its keys in that many runs; K = pieces x runs."""
     step = max(1, GATHER_MAX_BYTES // (2 * f.num_kv_heads * f.page_size * f.head_dim * 2))    # pages per piece
     step = max(splits, step - step % splits)
-    partial = None
+    pieces = []
     for first in range(0, prefix_ids.numel(), step):
         kv = gather_pages(storage, f, layer, prefix_ids[first:first + step], static_scales)
-        piece = prefix_attention(q, kv[0], kv[1], backend, splits)
-        partial = piece if partial is None else merge_partials(partial, piece)
-    return partial
-
-
-def merge_partials(a: tuple[torch.Tensor, torch.Tensor],
-                   b: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) of attention over two disjoint key sets -> (out, lse) over both (fp32)."""
-    lse = torch.logaddexp(a[1], b[1])
-    out = a[0].float() * torch.exp(a[1] - lse)[..., None] + b[0].float() * torch.exp(b[1] - lse)[..., None]
-    return out, lse
+        pieces.append(prefix_attention(q, kv[0], kv[1], backend, splits))
+        del kv          # the next piece's gather may reuse its memory
+    if len(pieces) == 1:
+        return pieces[0]
+    return torch.cat([o for o, _ in pieces]), torch.cat([lse for _, lse in pieces])

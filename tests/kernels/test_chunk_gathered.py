@@ -55,6 +55,8 @@ def test_prefix_attention_returns_out_and_log_sum_exp():
     q = torch.randn((7, 6, 32), generator=gen).to(torch.bfloat16)
     k, v = (torch.randn((2, 40, 32), generator=gen).to(torch.bfloat16) for _ in range(2))
     out, lse = prefix_attention(q, k, v)
+    assert out.shape == (1, 7, 6, 32) and lse.shape == (1, 7, 6)
+    out, lse = out[0], lse[0]
     s = torch.einsum("nhd,htd->nht", q.float().view(7, 2, 3, 32).reshape(7, 6, 32),
                      k.float().repeat_interleave(3, 0)) / 32 ** 0.5
     assert torch.allclose(lse, torch.logsumexp(s, -1), atol=1e-3)
@@ -63,14 +65,20 @@ def test_prefix_attention_returns_out_and_log_sum_exp():
 
 
 def test_prefix_attention_in_key_runs_is_one_run():
-    # 4 runs of 10 keys, each its own head, merged by log-sum-exp: the same out and lse as one run
+    # 4 runs of 10 keys, each its own head: 4 partials whose log-sum-exp merge is the one run
     gen = torch.Generator().manual_seed(6)
     q = torch.randn((5, 8, 32), generator=gen).to(torch.bfloat16)
     k, v = (torch.randn((2, 40, 32), generator=gen).to(torch.bfloat16) for _ in range(2))
     out1, lse1 = prefix_attention(q, k, v)
     out4, lse4 = prefix_attention(q, k, v, key_splits=4)
-    assert torch.allclose(lse4, lse1, atol=1e-4)
-    assert rel_err(out4, out1) < 1e-2
+    assert out4.shape == (4, 5, 8, 32) and lse4.shape == (4, 5, 8)
+    total = torch.logsumexp(lse4, dim=0)
+    merged = (out4.float() * torch.exp(lse4 - total)[..., None]).sum(0)
+    assert torch.allclose(total, lse1[0], atol=1e-4)
+    assert rel_err(merged, out1[0]) < 1e-2
+    for run in range(4):        # each run is attention over its own 10 keys
+        o, lse = prefix_attention(q, k[:, run * 10:(run + 1) * 10], v[:, run * 10:(run + 1) * 10])
+        assert torch.allclose(lse4[run], lse[0], atol=1e-4) and rel_err(out4[run], o[0]) < 1e-2
     with pytest.raises(ValueError, match="divisor of the 40 keys"):
         prefix_attention(q, k, v, key_splits=3)
 
@@ -224,3 +232,16 @@ def test_prefix_key_splits_fill_the_grid(monkeypatch, name, queries, prefix, spl
     assert chunk_plan.prefix_key_splits(queries, 32, prefix, f, dev) == splits
     assert chunk_plan.gathered_prefix_pays(queries, 32, prefix, f, dev) is pays
     assert chunk_plan.prefix_key_splits(queries, 32, prefix, f, torch.device("cpu")) == 1
+
+
+def test_paged_chunk_attention_rejects_a_misshapen_prefix_partial():
+    from kvwire.kernels.chunk_attention import paged_chunk_attention
+    f = make_format("fp8-token", heads=2, head_dim=64)
+    storage, static = make_pool(f, 4, torch.Generator().manual_seed(0))
+    q = torch.randn((3, 4, 64)).to(torch.bfloat16)
+    kv = torch.randn((3, 2, 64)).to(torch.bfloat16)
+    for bad in ((torch.zeros(3, 4, 32), torch.zeros(3, 4)), (torch.zeros(2, 3, 4, 64), torch.zeros(3, 2, 4)),
+                (torch.zeros(1, 1, 3, 4, 64), torch.zeros(1, 1, 3, 4))):
+        with pytest.raises(ValueError, match="prefix_partial must be"):
+            paged_chunk_attention(q, torch.arange(16, 19), storage, f, 0, torch.arange(1), kv, kv, 16, static,
+                                  prefix_partial=bad)

@@ -57,9 +57,8 @@ MIN_PAGES_PER_WARP = 8
 #   PROBE_NOCVT = 1 / 2 / 3 one of the attention without the NVFP4 keys' / values' / both's f16
 #   conversion and block-scale multiply, 4 without the keys' scale multiply only (meaningless
 #   output). Only sweeps set them (scripts/gpu/cuda_decode.sh VARIANTS, decode_sweep.py variants).
-# - BESIDE = 1 reads the fp8-token parts of pages laid out with each head's token scales right after
-#   its data (a layout experiment, not the page format: the pool must first go through
-#   scales_beside_data).
+# (BESIDE, a layout experiment with each head's fp8 token scales right after its data, was removed
+# on 2026-12-06: 1-1.5% slower on the H200 and no gain on the H100, docs/benchmarks.md.)
 DEFAULT_TUNING: dict[str, int] = {"DEPTH": 1, "MINB": 5, "PREF": 0, "LAZYMAX": 5, "QSMEM": 1, "SCALESHFL": 1,
                                   "STAGES": 0, "WHOLEPAGE": 0}
 # Per (key, value) element type overrides of the defaults (none measured better today).
@@ -250,27 +249,6 @@ def split_partials(kernels: DecodeKernels, q: torch.Tensor, storage: torch.Tenso
     kern.launch(grid(kern, splits, bsz, f.num_kv_heads), (32 * kern.defines["NW"], 1, 1), args)
 
 
-def scales_beside_data(storage: torch.Tensor, page_format: PageFormat) -> None:
-    """Rearrange every page of ``storage`` in place for the ``BESIDE`` layout experiment: in each
-    layer's fp8-token K and V, the [H, P, D] data section and the [H, P] fp32 token-scale section
-    after it become [H][P * D data bytes, P scales] (the same bytes, one run per head). Only a
-    kernel built with BESIDE=1 reads the result; every other reader of the pool would see garbage."""
-    f = page_format
-    parts = [part for part, t in enumerate((f.kv.key, f.kv.value))
-             if t.element is ElementType.FP8 and t.granularity is Granularity.TOKEN]
-    if not parts:
-        raise ValueError(f"the BESIDE layout needs fp8-token keys or values, not {f.kv.name}")
-    n, h, p, d = storage.shape[0], f.num_kv_heads, f.page_size, f.head_dim
-    for layer in range(f.num_layers):
-        for part in parts:
-            data, scales = f.section(layer, part, "data"), f.section(layer, part, "token_scale")
-            if scales.offset != data.offset + h * p * d:
-                raise ValueError("the token scales do not follow the data section directly")
-            region = storage[:, data.offset:scales.offset + h * p * 4]
-            runs = torch.cat((region[:, :h * p * d].reshape(n, h, p * d), region[:, h * p * d:].reshape(n, h, p * 4)), 2)
-            region.copy_(runs.reshape(n, -1))
-
-
 __all__ = ["DecodeKernels", "NvrtcUnavailableError", "deep_grid_stages", "default_splits", "dependent_launch", "grid",
-           "heads_per_block", "kernel_for", "kernels_for", "scales_beside_data", "select", "split_partials",
+           "heads_per_block", "kernel_for", "kernels_for", "select", "split_partials",
            "supports", "tuning_for"]

@@ -4,8 +4,7 @@ Each point is graph-timed over rotated copies of the problem (together past L2, 
 HBM) and printed as ms(TB/s of compact KV, speedup vs SDPA). Two kinds:
   variants SHAPES FORMATS "SPLITS" "VARIANTS"   compile-time variants x split counts. VARIANTS:
         space-separated KEY=V,KEY=V overrides of paged_decode_cuda.tuning_for, or "default"
-        (e.g. "default DEPTH=2 DEPTH=3,MINB=3"); SPLITS: counts, 0 = the default choice. A variant
-        with BESIDE=1 (fp8-token keys or values) runs on copies of the pools in that layout
+        (e.g. "default DEPTH=2 DEPTH=3,MINB=3"); SPLITS: counts, 0 = the default choice
   placement SHAPE FORMATS                        page placement in the pool, for the kernel and its
         memory-path probe (PROBE_LOADS=1): page tables as kvwire bench attention draws them (a
         random permutation), in shuffled runs of 64 and of 8 consecutive pages, and sequential
@@ -18,7 +17,6 @@ Usage (GPU machine, repo root, PYTHONPATH=$PWD):
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from collections.abc import Callable
 
 import torch
@@ -64,25 +62,13 @@ def set_tuning(variant: str, table: dict[str, int] = pdc.TUNING) -> None:
         table.update({k: int(v) for k, v in (kv.split("=") for kv in variant.split(","))})
 
 
-def beside_copy(prob, page_format):
-    """The problem on a copy of its pool in the BESIDE layout (what a kernel built with BESIDE=1 reads)."""
-    storage = prob.args[1].clone()
-    pdc.scales_beside_data(storage, page_format)
-    return dataclasses.replace(prob, args=(prob.args[0], storage, *prob.args[2:]))
-
-
 def variants(shapes: list[str], formats: list[str], splits: list[int], names: list[str]) -> None:
     for text in shapes:
         shape = Shape(text)
         for name in formats:
             f, prob, probs, nbytes = shape.problems(name)
-            beside = None                   # the pools in the BESIDE layout, made when a variant asks
             for var in names:
                 set_tuning(var)
-                runs = probs
-                if pdc.TUNING.get("BESIDE"):
-                    beside = beside or [beside_copy(pr, f) for pr in probs]
-                    runs = beside
                 try:
                     k = pdc.kernel_for(f, HQ, prob.args[0].dtype, prob.args[0].device)
                 except RuntimeError as e:          # e.g. a ring that does not fit in shared memory
@@ -90,11 +76,11 @@ def variants(shapes: list[str], formats: list[str], splits: list[int], names: li
                     continue
                 dflt = pdc.default_splits(k, shape.batch, HKV, prob.args[4].shape[1], prob.args[0].device)
                 res = [shape.point(s or dflt, [(lambda pr=pr, s=s or dflt: paged_decode_attention(
-                    *pr.args, out=pr.out, backend="cuda", num_splits=s)) for pr in runs], nbytes) for s in splits]
+                    *pr.args, out=pr.out, backend="cuda", num_splits=s)) for pr in probs], nbytes) for s in splits]
                 tun = ",".join(f"{a}={v}" for a, v in pdc.tuning_for(f).items())
                 print(f"{text} {name:16s} {var:26s} [{tun}] regs={k.num_regs} blocks/SM={k.blocks_per_sm(128)} "
                       f"default={dflt} " + " ".join(res), flush=True)
-            del probs, prob, beside, runs
+            del probs, prob
             torch.cuda.empty_cache()
     pdc.TUNING.clear()
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 from kvwire.formats import KVFormat, PageFormat
-from kvwire.kernels import paged_decode_cuda
 from kvwire.kernels.paged_decode import paged_decode_attention, paged_decode_reference
 from kvwire.kernels.quantize import write_pages, write_pages_reference
 
@@ -96,29 +95,6 @@ def check_decode(args, tol, **launch):
     err = rel_err(out, ref)
     print(f"rel err {err:.2e}")
     assert err < tol, f"relative error {err:.2e}"
-
-
-def check_scales_beside_data(args, tuning: dict, monkeypatch) -> None:
-    """The BESIDE layout experiment on fp8-token decode ``args``: the pool rearranged by
-    ``paged_decode_cuda.scales_beside_data`` and read by the kernel built with BESIDE=1 (plus
-    ``tuning``) gives the reference's attention of the pool as it was; neither the rearranged pool
-    with the shipped kernel nor the experiment on the format's layout does."""
-    ref = paged_decode_reference(*args)
-    beside = args[1].clone()
-    paged_decode_cuda.scales_beside_data(beside, args[2])
-
-    def attend(storage):
-        out = torch.full_like(args[0], float("nan"))
-        paged_decode_attention(args[0], storage, *args[2:], out=out, backend="cuda", num_splits=3)
-        return rel_err(out, ref)
-
-    monkeypatch.setattr(paged_decode_cuda, "TUNING", {"BESIDE": 1, **tuning})
-    err = attend(beside)
-    print(f"rel err {err:.2e}")
-    assert err < 4e-3, f"relative error {err:.2e}"
-    assert not attend(args[1]) < 1e-1
-    monkeypatch.setattr(paged_decode_cuda, "TUNING", dict(tuning))
-    assert not attend(beside) < 1e-1
 
 
 def magnitude_problem(device, name, seed, n, key_mag, value_mag, static_scale, num_pages, tail_len):

@@ -55,23 +55,3 @@ def test_the_timing_probes_build(probe):
     r = subprocess.run([sys.executable, str(SCRIPT), "loop", "nvfp4", "nvfp4", probe], capture_output=True, text=True,
                        timeout=300, cwd=ROOT)
     assert r.returncode == 0 and "page loop:" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
-
-
-@pytest.mark.parametrize("formats,variant", [
-    (["fp8-token", "fp8-token"], ["BESIDE=1"]), (["fp8-token", "fp8-token"], ["BESIDE=1", "STAGES=2"]),
-    (["fp8-token", "fp8-token"], ["BESIDE=1", "PROBE_LOADS=1"]),
-    (["fp8-token", "fp8-token"], ["BESIDE=1", "STAGES=2", "PROBE_LOADS=1"]),
-    (["fp8-token", "nvfp4"], ["BESIDE=1"]), (["fp8-token", "nvfp4"], ["BESIDE=1", "STAGES=2", "PROBE_LOADS=1"]),
-])
-def test_the_scales_beside_data_experiment_builds(formats, variant):
-    """The BESIDE layout experiment (decode_sweep.py variants) builds for sm_90 where a part is
-    fp8-token: register path and staged ring, kernel and memory-path probe."""
-    r = subprocess.run([sys.executable, str(SCRIPT), "loop", *formats, *variant], capture_output=True,
-                       text=True, timeout=300, cwd=ROOT)
-    assert r.returncode == 0 and "page loop:" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
-
-
-def test_the_scales_beside_data_experiment_refuses_formats_without_token_scales():
-    r = subprocess.run([sys.executable, str(SCRIPT), "loop", "fp8-tensor", "nvfp4", "BESIDE=1"], capture_output=True,
-                       text=True, timeout=300, cwd=ROOT)
-    assert r.returncode != 0 and "BESIDE needs fp8-token keys or values" in r.stdout + r.stderr

@@ -19,7 +19,7 @@ from kvwire.kernels.quantize import write_pages, write_pages_reference
 from kvwire.quant import NonFiniteInputError
 
 from .helpers import (
-    DECODE_VARIANT_IDS, DECODE_VARIANTS, check_decode, check_quantize_bit_identical, check_scales_beside_data,
+    DECODE_VARIANT_IDS, DECODE_VARIANTS, check_decode, check_quantize_bit_identical,
     decode_problem, magnitude_problem, make_format, random_kv,
 )
 
@@ -119,26 +119,6 @@ def test_emulated_decode_deep_grid_takes_the_staged_ring(monkeypatch):
     check_decode(args, 1e-2, backend="cuda", num_splits=-(-kernels.deep_grid_blocks // rows))
     check_decode(args, 1e-2, backend="cuda", num_splits=4)
     assert launched == [kernels.deep_grid, kernels.regular]
-
-
-@pytest.mark.parametrize("name,tuning", [
-    ("fp8-token", {"STAGES": 0}), ("fp8-token", {"STAGES": 2}), ("fp8-token", {"STAGES": 0, "SCALESHFL": 0}),
-    ("fp8-token/nvfp4", {"STAGES": 0}), ("fp8-token/nvfp4", {"STAGES": 2}), ("nvfp4/fp8-token", {"STAGES": 2}),
-], ids=["registers", "staged-ring", "registers-no-shuffle", "mixed-registers", "mixed-staged-ring",
-        "fp8-token-values-staged-ring"])
-def test_emulated_decode_scales_beside_data(name, tuning, monkeypatch):
-    """The BESIDE layout experiment: fp8-token parts rearranged by scales_beside_data (each head's
-    token scales right after its data) and read by the kernel built with BESIDE=1 give the
-    reference's attention of the pool as it was; neither the rearranged pool nor the experiment
-    alone does. Keys and values, keys only, values only."""
-    check_scales_beside_data(decode_problem(DEV, name, q_dtype=torch.float32, **SMALL), tuning, monkeypatch)
-
-
-@pytest.mark.parametrize("name", ["nvfp4", "fp8-tensor/nvfp4", "fp8-page"])
-def test_scales_beside_data_needs_fp8_token_parts(name):
-    f = make_format(name)
-    with pytest.raises(ValueError, match="needs fp8-token keys or values"):
-        paged_decode_cuda.scales_beside_data(torch.zeros((2, f.page_bytes), dtype=torch.uint8), f)
 
 
 @pytest.mark.parametrize("name", ["fp8-tensor", "fp8-page", "fp8-token", "nvfp4"])

@@ -11,7 +11,7 @@ from kvwire.kernels.paged_decode import paged_decode_attention, paged_decode_ref
 from kvwire.kernels.quantize import write_pages_reference
 
 from .helpers import (
-    DECODE_VARIANT_IDS, DECODE_VARIANTS, check_decode, check_scales_beside_data, decode_problem, magnitude_problem,
+    DECODE_VARIANT_IDS, DECODE_VARIANTS, check_decode, decode_problem, magnitude_problem,
     make_format, random_kv, rel_err,
 )
 
@@ -35,13 +35,6 @@ COMPACT = ("fp8-tensor", "fp8-head", "fp8-page", "fp8-token", "nvfp4", "fp8-toke
 @pytest.mark.parametrize("name", COMPACT)
 def test_cuda_decode_formats(name, variant):
     check_decode(decode_problem(DEV, name), 1e-2, backend="cuda")
-
-
-@pytest.mark.parametrize("tuning", [{"STAGES": 0}, {"STAGES": 2}, {"STAGES": 0, "SCALESHFL": 0}],
-                         ids=["registers", "staged-ring", "registers-no-shuffle"])
-def test_cuda_decode_scales_beside_data(tuning, monkeypatch):
-    """The BESIDE layout experiment (decode_sweep.py times it) reads what it should on the GPU."""
-    check_scales_beside_data(decode_problem(DEV, "fp8-token", q_dtype=torch.float32), tuning, monkeypatch)
 
 
 @pytest.mark.parametrize("name", ["fp8-token", "nvfp4", "fp8-token/nvfp4", "fp8-tensor"])

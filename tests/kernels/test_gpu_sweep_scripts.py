@@ -40,25 +40,3 @@ def test_single_purpose_scripts_explain_themselves_and_need_a_gpu(name, words):
     assert r.returncode == 0 and "GPU machine" in r.stdout and all(w in r.stdout for w in words), r.stderr
     r = script(name, "1x1k", "fp8-token")
     assert r.returncode != 0 and "needs a CUDA GPU" in r.stderr
-
-
-def test_decode_sweep_runs_beside_variants_on_a_rearranged_copy():
-    """decode_sweep's BESIDE variants read a copy of the pool in that layout; the original is kept
-    for the variants around them."""
-    sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
-    try:
-        import decode_sweep
-    finally:
-        sys.path.pop(0)
-    from kvwire.bench.attention import build_problem
-    from kvwire.formats import KVFormat, PageFormat
-    from kvwire.kernels import paged_decode_cuda
-    f = PageFormat(KVFormat.parse("fp8-token"), 16, 1, 2, 64)
-    prob = build_problem(f, 2, 70, num_q_heads=4, device="cpu")
-    before = prob.args[1].clone()
-    copy = decode_sweep.beside_copy(prob, f)
-    expected = before.clone()
-    paged_decode_cuda.scales_beside_data(expected, f)
-    assert torch.equal(prob.args[1], before) and torch.equal(copy.args[1], expected)
-    assert not torch.equal(copy.args[1], before)
-    assert all(a is b for a, b in zip(copy.args[2:], prob.args[2:])) and copy.args[0] is prob.args[0]

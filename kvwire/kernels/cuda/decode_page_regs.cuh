@@ -23,20 +23,6 @@
 // scales (lanes 0-15 the keys', 16-31 the values') and the warp shuffles them to where they are
 // used: one load request per page instead of four, and one lane offset instead of two.
 #define TOKSHFL (SCALESHFL && KELEM == 1 && KGRAN == 1 && VELEM == 1 && VGRAN == 1)
-// BESIDE = 1, a layout experiment (not the page format): the fp8-token parts (K, V or both) of a
-// page with each head's token scales right after its data, [H][P * D data bytes, P fp32 scales], in
-// the same bytes as the format's [H, P, D] data section followed by its [H, P] scale section
-// (paged_decode_cuda.scales_beside_data rearranges a pool so). One run per head and part instead
-// of two, the layout a format version could adopt if that reads faster.
-#ifndef BESIDE
-#define BESIDE 0
-#endif
-#define KBESIDE (BESIDE && KELEM == 1 && KGRAN == 1)
-#define VBESIDE (BESIDE && VELEM == 1 && VGRAN == 1)
-#if BESIDE && !KBESIDE && !VBESIDE
-#error "BESIDE needs fp8-token keys or values"
-#endif
-#define TOKRUN (P * D + P * 4)    // BESIDE: bytes of one head's run (data, then its token scales)
 #define KSTEPS (D / 16)
 #define MTILES (D / 16)
 
@@ -65,12 +51,7 @@ struct LaneOffsets {
 __device__ __forceinline__ LaneOffsets lane_offsets(int h, int gi, int ci, i64 k_data, i64 k_s, i64 k_bs, i64 k_gs,
                                                     i64 v_data, i64 v_s, i64 v_bs, i64 v_gs) {
     LaneOffsets o;
-#if KBESIDE
-    const i64 hk = k_data + (i64)h * TOKRUN;
-    o.k = (u32)(hk + gi * D + 16 * ci);
-    o.kbs = 0;
-    o.ks = (u32)(hk + P * D + gi * 4);
-#elif KELEM == 1
+#if KELEM == 1
     o.k = (u32)(k_data + h * P * D + gi * D + 16 * ci);
     o.kbs = 0;
 #if TOKSHFL
@@ -84,12 +65,7 @@ __device__ __forceinline__ LaneOffsets lane_offsets(int h, int gi, int ci, i64 k
     o.kbs = (u32)(k_bs + (h * P + gi) * (D / 16) + ci * (D / 64));
     o.ks = (u32)(k_gs + h * 4);
 #endif
-#if VBESIDE
-    const i64 hv = v_data + (i64)h * TOKRUN;
-    o.v = (u32)(hv + ci * D + gi * VB);
-    o.vbs = 0;
-    o.vs = (u32)(hv + P * D + gi * 4);
-#elif VELEM == 1
+#if VELEM == 1
     o.v = (u32)(v_data + h * P * D + ci * D + gi * VB);
     o.vbs = 0;
     o.vs = (u32)(VGRAN == 1 ? v_s + (h * P + gi) * 4 : (VGRAN == 2 ? v_s + h * 4 : 0));
@@ -97,10 +73,6 @@ __device__ __forceinline__ LaneOffsets lane_offsets(int h, int gi, int ci, i64 k
     o.v = (u32)(v_data + h * P * (D / 2) + ci * (D / 2) + gi * (VB / 2));
     o.vbs = (u32)(v_bs + (h * P + ci) * (D / 16) + gi * VB / 16);
     o.vs = (u32)(v_gs + h * 4);
-#endif
-#if TOKSHFL && BESIDE
-    const int lane = 4 * gi + ci;            // keys' scale for lanes < P, values' for the rest
-    o.ks = (u32)(lane < P ? hk + P * D + lane * 4 : hv + P * D + (lane - P) * 4);
 #endif
     return o;
 }

@@ -36,18 +36,10 @@
 #define SV_DATA (P * D / 2)
 #define SV_SCALE (HPB * P * D / 16 + SCHUNK_MAX)
 #endif
-#if BESIDE
-// (BESIDE, one head per slot) [K data][K scales][V data][V scales]: an fp8-token part is one run
-#define SLOT_K 0
-#define SLOT_KS SK_DATA
-#define SLOT_V (SK_DATA + SK_SCALE)
-#define SLOT_VS (SLOT_V + SV_DATA)
-#else
 #define SLOT_K 0
 #define SLOT_V (HPB * SK_DATA)
 #define SLOT_KS (HPB * (SK_DATA + SV_DATA))
 #define SLOT_VS (SLOT_KS + SK_SCALE)
-#endif
 #define SLOT_BYTES (SLOT_VS + SV_SCALE)
 
 #include "bulk_copy.cuh"
@@ -91,12 +83,6 @@ __device__ __forceinline__ StageSources stage_sources(int h0, i64 k_data, i64 k_
     s.ks = ks.scales; s.kg = ks.global;
     s.vs = vs.scales; s.vg = vs.global;
     s.bytes = HPB * (SK_DATA + SV_DATA) + ks.bytes + vs.bytes;
-#if KBESIDE
-    s.k = (u32)(k_data + h0 * TOKRUN);
-#endif
-#if VBESIDE
-    s.v = (u32)(v_data + h0 * TOKRUN);
-#endif
     return s;
 }
 
@@ -118,26 +104,10 @@ __device__ __forceinline__ void stage_scales(u32 dst, const u8* page, u32 src, u
 // when all ``s.bytes`` have landed.
 __device__ __forceinline__ void stage_page(u32 slot, u32 bar, const u8* page, const StageSources& s) {
     mbar_expect(bar, s.bytes);
-#if BESIDE
-    // an fp8-token part's data and scales are one run: one copy
-    if (KBESIDE) {
-        bulk_copy(slot + SLOT_K, page + s.k, SK_DATA + SK_SCALE, bar);
-    } else {
-        bulk_copy(slot + SLOT_K, page + s.k, SK_DATA, bar);
-        stage_scales(slot + SLOT_KS, page, s.ks, s.kg, KGRAN, KELEM == 2, s, bar);
-    }
-    if (VBESIDE) {
-        bulk_copy(slot + SLOT_V, page + s.v, SV_DATA + SV_SCALE, bar);
-    } else {
-        bulk_copy(slot + SLOT_V, page + s.v, SV_DATA, bar);
-        stage_scales(slot + SLOT_VS, page, s.vs, s.vg, VGRAN, VELEM == 2, s, bar);
-    }
-#else
     bulk_copy(slot + SLOT_K, page + s.k, HPB * SK_DATA, bar);
     bulk_copy(slot + SLOT_V, page + s.v, HPB * SV_DATA, bar);
     stage_scales(slot + SLOT_KS, page, s.ks, s.kg, KGRAN, KELEM == 2, s, bar);
     stage_scales(slot + SLOT_VS, page, s.vs, s.vg, VGRAN, VELEM == 2, s, bar);
-#endif
 }
 
 // This lane's offsets inside a slot for head h, the ``w``-th of the slot's heads: the same fragment

@@ -15,8 +15,7 @@
 //   probe of the memory path alone), PROBE_NOCVT (a timing probe: NVFP4 keys (1), values (2) or
 //   both (3) reach their MMAs as placed E4M3 words, with no f16 conversion or block-scale multiply;
 //   4: keys converted but not scaled; it bounds what any cheaper conversion could gain, and its
-//   output is meaningless), BESIDE (a layout experiment: fp8-token parts with each head's token
-//   scales beside its data, decode_page_regs.cuh).
+//   output is meaningless).
 // It writes the same partial results (m, l, acc per split and query head, log2 units) as the
 // Triton split kernel, so the Triton reduce kernel attends the bf16 tail and merges the splits.
 //
@@ -80,9 +79,6 @@
 #endif
 #if WHOLEPAGE && STAGES && (REFILL_LAG < 1 || REFILL_LAG >= STAGES)
 #error "REFILL_LAG must be at least 1 and less than STAGES"
-#endif
-#if BESIDE && (WHOLEPAGE || PREF)
-#error "BESIDE is built for one head per block and no L2 prefetch"
 #endif
 #define HPB (WHOLEPAGE ? NW : 1)       // KV heads per block (and per staged slot)
 #define PSTRIDE (WHOLEPAGE ? 1 : NW)   // pages between one warp's consecutive pages

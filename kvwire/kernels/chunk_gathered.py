@@ -11,7 +11,7 @@ compute-bound, and there the paged Triton kernel reached 0.40-0.66x of bf16 SDPA
    kernel of torch's (``PrefixBackend``) returns their output and log-sum-exp;
 2. the *chunk region*: the stored pages from ``open_start`` on and the open tokens, with the
    page-causal rule, by ``paged_chunk_attention`` on those pages alone (positions shifted by whole
-   pages, which that rule does not see), which merges (1) in as one more partial.
+   pages, which that rule does not see), which merges (1) in as more partials.
 
 The result is ``paged_chunk_reference``'s; only the prefix's rounding differs (its keys and values
 in bf16 rather than in the kernel's fp16 tiles). GQA needs nothing from the backend: the group's

@@ -137,7 +137,9 @@ def planned_splits(num_queries: int, num_q_heads: int, page_format: PageFormat, 
 # after 16k, 2 runs: nvfp4 0.31 -> 0.24 ms, fp8-token 0.28 -> 0.25; 128 after 32k, 4 runs: nvfp4
 # 0.33 -> 0.26); the others need runs of 16k (256 after 32k, 2 runs: bf16 0.46 -> 0.42,
 # fp8-tensor 0.378 -> 0.373; at 8k runs they lose 6-35%). Runs of 4k lost for every format, and
-# so did 64-query chunks at every prefix up to 32k.
+# so did 64-query chunks at every prefix up to 32k. The H200 agreed (docs/benchmarks.md, "Latest:
+# 2026-12-06, session 27"): 256 queries after 32k, 2 runs, 0.38-0.62 -> 0.32-0.34 ms for all five
+# formats, and the cases left paged were slower gathered there too.
 GATHER_MIN_PREFIX = 8192          # tokens
 GATHER_MIN_WAVE = 0.9             # cuDNN tiles / SMs
 GATHER_ROWS = 128                 # rows of one cuDNN tile

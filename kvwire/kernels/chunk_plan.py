@@ -139,7 +139,7 @@ def planned_splits(num_queries: int, num_q_heads: int, page_format: PageFormat, 
 # fp8-tensor 0.378 -> 0.373; at 8k runs they lose 6-35%). Runs of 4k lost for every format, and
 # so did 64-query chunks at every prefix up to 32k. The H200 agreed (docs/benchmarks.md, "Latest:
 # 2026-12-06, session 27"): 256 queries after 32k, 2 runs, 0.38-0.62 -> 0.32-0.34 ms for all five
-# formats, and the cases left paged were slower gathered there too.
+# formats; of the cases left paged only 8k + 256 nvfp4 was faster gathered (0.168 -> 0.160 ms).
 GATHER_MIN_PREFIX = 8192          # tokens
 GATHER_MIN_WAVE = 0.9             # cuDNN tiles / SMs
 GATHER_ROWS = 128                 # rows of one cuDNN tile

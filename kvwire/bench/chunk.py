@@ -127,8 +127,9 @@ def run(args) -> dict:
             rows.append(row)
             print(f"  {name:16s} tile {tile} splits={splits:2d} {split_ms:.3f} ms (one pass {one_ms:.3f}) "
                   f"{row['tflops']:.0f} TFLOP/s  {row['vs_sdpa']:.2f}x SDPA  err {err:.1e}", flush=True)
+            engine_splits = prefix_key_splits(n, hq, prefix, f, dev)     # the runs the engine would cut
             if backends:
-                runs = key_splits or [prefix_key_splits(n, hq, prefix, f, dev)]
+                runs = key_splits or [engine_splits]
                 row.update(_time_gathered(q, pos, storage, f, ids, ko, vo, prefix, static, ref, reps, backends,
                                           runs))
                 row["gathered_vs_sdpa"] = {b: sdpa_ms / t for b, t in row["gathered_ms"].items() if t}
@@ -137,8 +138,7 @@ def run(args) -> dict:
                                   if t else f"{b} failed" for b, t in row["gathered_ms"].items()), flush=True)
             # what the runner takes for this call (chunk_plan.gathered_prefix_pays), where it was timed
             row["engine_path"] = "gathered" if gathered_prefix_pays(n, hq, prefix, f, dev) else "paged"
-            engine_label = gathered_label(DEFAULT_BACKEND.value, prefix_key_splits(n, hq, prefix, f, dev))
-            row["engine_ms"] = (row.get("gathered_ms", {}).get(engine_label)
+            row["engine_ms"] = (row.get("gathered_ms", {}).get(gathered_label(DEFAULT_BACKEND.value, engine_splits))
                                 if row["engine_path"] == "gathered" else split_ms)
             row["engine_vs_sdpa"] = sdpa_ms / row["engine_ms"] if row["engine_ms"] else None
             del storage

@@ -53,9 +53,6 @@ MIN_PAGES_PER_WARP = 8
 #   STAGES one bulk copy per section for the whole block); 0: a block is NW warps of one KV head
 #   taking turns over the pages, merged in the block. NW is then the largest divisor of H up to
 #   NW. REFILL_LAG: with STAGES, how far the block ring's slowest warp may trail (1 <= .. < STAGES).
-# - WARPSPEC = 1: the block's warps work in pairs, one scoring a page (keys, softmax) and handing P
-#   through a shared-memory ring of PSLOTS slots to the other, which accumulates P.V (register
-#   path only: STAGES 0, DEPTH 1, WHOLEPAGE 0; NW even).
 # - PROBE_LOADS = 1 builds a timing probe of the memory path (no attention, meaningless output);
 #   PROBE_NOCVT = 1 / 2 / 3 one of the attention without the NVFP4 keys' / values' / both's f16
 #   conversion and block-scale multiply, 4 without the keys' scale multiply only (meaningless
@@ -63,7 +60,7 @@ MIN_PAGES_PER_WARP = 8
 # (BESIDE, a layout experiment with each head's fp8 token scales right after its data, was removed
 # on 2026-12-06: 1-1.5% slower on the H200 and no gain on the H100, docs/benchmarks.md.)
 DEFAULT_TUNING: dict[str, int] = {"DEPTH": 1, "MINB": 5, "PREF": 0, "LAZYMAX": 5, "QSMEM": 1, "SCALESHFL": 1,
-                                  "STAGES": 0, "WHOLEPAGE": 0, "WARPSPEC": 0}
+                                  "STAGES": 0, "WHOLEPAGE": 0}
 # Per (key, value) element type overrides of the defaults (none measured better today).
 FORMAT_TUNING: dict[tuple[ElementType, ElementType], dict[str, int]] = {}
 # Overrides on top of both, for benchmarks, sweeps and tests of other variants.
@@ -140,11 +137,10 @@ DEEP_GRID_WAVES = 6
 
 def deep_grid_stages(page_format: PageFormat) -> int:
     """Ring slots for this format's deep grids (0: none), unless TUNING sets STAGES itself or the
-    tuning uses whole-page blocks or warp pairs (the per-warp ring is what was measured)."""
+    tuning uses whole-page blocks (the per-warp ring is what was measured)."""
     kv = page_format.kv
     token_fp8 = all(t.element is ElementType.FP8 and t.granularity is Granularity.TOKEN for t in (kv.key, kv.value))
-    tuning = tuning_for(page_format)
-    per_warp = not tuning["WHOLEPAGE"] and not tuning["WARPSPEC"]
+    per_warp = not tuning_for(page_format)["WHOLEPAGE"]
     return DEEP_GRID_STAGES if token_fp8 and per_warp and "STAGES" not in TUNING else 0
 
 
@@ -215,8 +211,7 @@ def default_splits(kernel: CudaKernel, batch: int, kv_heads: int, max_pages: int
     num_warps = kernel.defines["NW"]
     wave = sms * max(1, kernel.blocks_per_sm(32 * num_warps))
     rows = grid(kernel, 1, batch, kv_heads)[1]
-    # warps (or warp pairs) sharing one split's pages
-    warps_per_split = 1 if kernel.defines.get("WHOLEPAGE") else num_warps // (2 if kernel.defines.get("WARPSPEC") else 1)
+    warps_per_split = 1 if kernel.defines.get("WHOLEPAGE") else num_warps    # warps sharing one split's pages
     cap = max(1, -(-max_pages // (warps_per_split * MIN_PAGES_PER_WARP)))
     best, best_eff = 1, 0.0
     for s in range(1, cap + 1):

@@ -98,72 +98,55 @@ struct FromShared {
     static __device__ __forceinline__ u32 b(Addr a) { return lds_u8(a); }
 };
 
-// What load_page reads: the key side (K data and scales, and the value scales, which ride on P)
-// and the value side (V data and NVFP4 value block scales). A warp-specialised pair
-// (WARPSPEC) splits them between its two warps; every other path reads both.
-#define KEY_SIDE 1
-#define VALUE_SIDE 2
-
-template <class M, int PARTS = KEY_SIDE | VALUE_SIDE>
+template <class M>
 __device__ __forceinline__ void load_page(PageRegs& r, typename M::Addr page, const LaneOffsets& o) {
-    constexpr bool keys = PARTS & KEY_SIDE, values = PARTS & VALUE_SIDE;
 #if KELEM == 1
     const typename M::Addr kb = page + o.k;
-    if (keys) {
 #pragma unroll
-        for (int rr = 0; rr < 2; ++rr)
+    for (int rr = 0; rr < 2; ++rr)
 #pragma unroll
-            for (int j = 0; j < D / 64; ++j) M::v4(kb + rr * 8 * D + 64 * j, &r.k[rr][4 * j]);
+        for (int j = 0; j < D / 64; ++j) M::v4(kb + rr * 8 * D + 64 * j, &r.k[rr][4 * j]);
 #if TOKSHFL
-        r.sc = M::f(page + o.ks);
+    r.sc = M::f(page + o.ks);
 #elif KGRAN == 1
-        r.ks[0] = M::f(page + o.ks);
-        r.ks[1] = M::f(page + o.ks + 32);
+    r.ks[0] = M::f(page + o.ks);
+    r.ks[1] = M::f(page + o.ks + 32);
 #elif KGRAN == 2
-        r.ks[0] = r.ks[1] = M::f(page + o.ks);
+    r.ks[0] = r.ks[1] = M::f(page + o.ks);
 #endif
-    }
 #else
     const typename M::Addr kb = page + o.k;
     const typename M::Addr bs = page + o.kbs;
-    if (keys) {
 #pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-            if (D == 128) M::v4(kb + rr * 8 * (D / 2), r.k[rr]); else M::v2(kb + rr * 8 * (D / 2), r.k[rr]);
-            const typename M::Addr b = bs + rr * 8 * (D / 16);
-            r.kbs[rr] = D == 128 ? M::h(b) : M::b(b);          // D/64 block scales: 2-byte aligned
-        }
-        r.ks[0] = r.ks[1] = M::f(page + o.ks);
+    for (int rr = 0; rr < 2; ++rr) {
+        if (D == 128) M::v4(kb + rr * 8 * (D / 2), r.k[rr]); else M::v2(kb + rr * 8 * (D / 2), r.k[rr]);
+        const typename M::Addr b = bs + rr * 8 * (D / 16);
+        r.kbs[rr] = D == 128 ? M::h(b) : M::b(b);          // D/64 block scales: 2-byte aligned
     }
+    r.ks[0] = r.ks[1] = M::f(page + o.ks);
 #endif
 #if VELEM == 1
     const typename M::Addr vb = page + o.v;
-    if (values) {
 #pragma unroll
-        for (int t = 0; t < 4; ++t) {
-            if (D == 128) M::v4(vb + 4 * t * D, r.v[t]); else M::v2(vb + 4 * t * D, r.v[t]);
-        }
+    for (int t = 0; t < 4; ++t) {
+        if (D == 128) M::v4(vb + 4 * t * D, r.v[t]); else M::v2(vb + 4 * t * D, r.v[t]);
     }
-    if (keys) {
 #if TOKSHFL
 #elif VGRAN == 1
-        r.vs[0] = M::f(page + o.vs);
-        r.vs[1] = M::f(page + o.vs + 32);
+    r.vs[0] = M::f(page + o.vs);
+    r.vs[1] = M::f(page + o.vs + 32);
 #elif VGRAN == 2
-        r.vs[0] = r.vs[1] = M::f(page + o.vs);
+    r.vs[0] = r.vs[1] = M::f(page + o.vs);
 #endif
-    }
 #else
     const typename M::Addr vb = page + o.v;
     const typename M::Addr vbs = page + o.vbs;
-    if (values) {
 #pragma unroll
-        for (int t = 0; t < 4; ++t) {
-            if (D == 128) M::v2(vb + 4 * t * (D / 2), r.v[t]); else r.v[t][0] = M::w(vb + 4 * t * (D / 2));
-            r.vbs[t] = M::b(vbs + 4 * t * (D / 16));
-        }
+    for (int t = 0; t < 4; ++t) {
+        if (D == 128) M::v2(vb + 4 * t * (D / 2), r.v[t]); else r.v[t][0] = M::w(vb + 4 * t * (D / 2));
+        r.vbs[t] = M::b(vbs + 4 * t * (D / 16));
     }
-    if (keys) r.vs[0] = r.vs[1] = M::f(page + o.vs);
+    r.vs[0] = r.vs[1] = M::f(page + o.vs);
 #endif
 }
 

@@ -16,13 +16,9 @@ struct SoftmaxState {
     float vinv;                      // 0 until the first page sets the value reference
 };
 
-// The scores and online softmax of one page (16 tokens): returns P^T as this lane's B operand of
-// the P.V MMAs (pb0, pb1). ``rescale(a0, a1)`` is called where what was accumulated so far must be
-// multiplied by a0 (head 2ci) and a1 (head 2ci+1): attend_page scales its accumulator there; the
-// scoring warp of a warp-specialised pair (WARPSPEC) collects the factors for its value warp.
-template <class Rescale>
-__device__ __forceinline__ void score_page(const PageRegs& cur, const QOperand& q, float cscale, int gi, int ci,
-                                           SoftmaxState& st, Rescale rescale, u32& pb0, u32& pb1) {
+// One page (16 tokens) of one warp: scores, online softmax, P.V. ``cur`` holds the page's registers.
+__device__ __forceinline__ void attend_page(const PageRegs& cur, const QOperand& q, float cscale,
+                                            int gi, int ci, SoftmaxState& st) {
     // ---- scores S^T[tok gi / gi+8, head 2ci / 2ci+1] ----
     float s[4] = {0.f, 0.f, 0.f, 0.f};
     float s2[4] = {0.f, 0.f, 0.f, 0.f};            // second accumulator: two shorter MMA chains
@@ -87,7 +83,8 @@ __device__ __forceinline__ void score_page(const PageRegs& cur, const QOperand& 
     if (LAZYMAX || any_sync(mn0 > st.m0 || mn1 > st.m1)) {
         const float a0 = ex2(st.m0 - mn0), a1 = ex2(st.m1 - mn1);
         st.l0 *= a0; st.l1 *= a1;
-        rescale(a0, a1);
+#pragma unroll
+        for (int i = 0; i < MTILES; ++i) { st.acc[i][0] *= a0; st.acc[i][1] *= a1; st.acc[i][2] *= a0; st.acc[i][3] *= a1; }
         st.m0 = mn0; st.m1 = mn1;
     }
 #if LAZYMAX
@@ -105,7 +102,8 @@ __device__ __forceinline__ void score_page(const PageRegs& cur, const QOperand& 
             for (int x = 4; x < 32; x <<= 1) vm = fmx(vm, shfl_xor(vm, x));
             const float ninv = vm > 0.f ? 1.0f / vm : (st.vinv > 0.f ? st.vinv : 1.0f);
             const float ratio = st.vinv > 0.f ? ninv / st.vinv : 0.f;
-            rescale(ratio, ratio);
+#pragma unroll
+            for (int i = 0; i < MTILES; ++i) { st.acc[i][0] *= ratio; st.acc[i][1] *= ratio; st.acc[i][2] *= ratio; st.acc[i][3] *= ratio; }
             st.vinv = ninv;
             x0 = vs0 * st.vinv; x1 = vs1 * st.vinv;
         }
@@ -117,12 +115,8 @@ __device__ __forceinline__ void score_page(const PageRegs& cur, const QOperand& 
     const int srcA = 4 * ci + (gi >> 1), srcB = srcA + 16;
     const u32 a0x = shfl_idx(X0, srcA), a1x = shfl_idx(X1, srcA);
     const u32 b0x = shfl_idx(X0, srcB), b1x = shfl_idx(X1, srcB);
-    pb0 = (gi & 1) ? a1x : a0x;
-    pb1 = (gi & 1) ? b1x : b0x;
-}
-
-// acc[i] (O^T m-tile i) += V^T . P^T over one page: P^T as the B operand (score_page's pb0, pb1).
-__device__ __forceinline__ void accumulate_page(const PageRegs& cur, u32 pb0, u32 pb1, float (&acc)[MTILES][4]) {
+    const u32 pb0 = (gi & 1) ? a1x : a0x, pb1 = (gi & 1) ? b1x : b0x;
+    // ---- O^T += V^T . P^T ----
 #if VELEM == 1
 #pragma unroll
     for (int i = 0; i < MTILES; ++i) {
@@ -130,7 +124,7 @@ __device__ __forceinline__ void accumulate_page(const PageRegs& cur, u32 pb0, u3
         const u32 sel = (i & 1) ? 0x7362u : 0x5140u;
         const u32 lo = prmt(cur.v[0][w], cur.v[2][w], sel);    // tokens ci, ci+8
         const u32 hi = prmt(cur.v[1][w], cur.v[3][w], sel);    // tokens ci+4, ci+12
-        mma16816(acc[i], e4m3x2_lo(lo), e4m3x2_hi(lo), e4m3x2_lo(hi), e4m3x2_hi(hi), pb0, pb1);
+        mma16816(st.acc[i], e4m3x2_lo(lo), e4m3x2_hi(lo), e4m3x2_lo(hi), e4m3x2_hi(hi), pb0, pb1);
     }
 #else
     const u32 vsA = e4m3x2_lo(prmt(cur.vbs[0], cur.vbs[2], 0x0040u));   // block scales of tokens ci, ci+8
@@ -149,8 +143,8 @@ __device__ __forceinline__ void accumulate_page(const PageRegs& cur, u32 pb0, u3
 #if PROBE_NOCVT & 2
             // timing probe: the placed words go to the MMAs as they are (no conversion, no block scale)
             const u32 live = wq + half ? 0u : cur.vbs[0] ^ cur.vbs[1] ^ cur.vbs[2] ^ cur.vbs[3];   // scale bytes kept live
-            mma16816(acc[4 * wq + 2 * half], lA ^ live, hA, lB, hB, pb0, pb1);
-            mma16816(acc[4 * wq + 2 * half + 1], hA, lA, hB, lB, pb0, pb1);
+            mma16816(st.acc[4 * wq + 2 * half], lA ^ live, hA, lB, hB, pb0, pb1);
+            mma16816(st.acc[4 * wq + 2 * half + 1], hA, lA, hB, lB, pb0, pb1);
 #else
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
@@ -159,24 +153,10 @@ __device__ __forceinline__ void accumulate_page(const PageRegs& cur, u32 pb0, u3
                 const u32 A1 = e ? e4m3x2_hi(hA) : e4m3x2_lo(hA);
                 const u32 A2 = e ? e4m3x2_hi(lB) : e4m3x2_lo(lB);
                 const u32 A3 = e ? e4m3x2_hi(hB) : e4m3x2_lo(hB);
-                mma16816(acc[i], hmul2(A0, vsA), hmul2(A1, vsA), hmul2(A2, vsB), hmul2(A3, vsB), pb0, pb1);
+                mma16816(st.acc[i], hmul2(A0, vsA), hmul2(A1, vsA), hmul2(A2, vsB), hmul2(A3, vsB), pb0, pb1);
             }
 #endif
         }
     }
 #endif
-}
-
-// Multiplies an accumulator by score_page's factors (a0 for head 2ci, a1 for head 2ci+1).
-__device__ __forceinline__ void scale_acc(float (&acc)[MTILES][4], float a0, float a1) {
-#pragma unroll
-    for (int i = 0; i < MTILES; ++i) { acc[i][0] *= a0; acc[i][1] *= a1; acc[i][2] *= a0; acc[i][3] *= a1; }
-}
-
-// One page (16 tokens) of one warp: scores, online softmax, P.V. ``cur`` holds the page's registers.
-__device__ __forceinline__ void attend_page(const PageRegs& cur, const QOperand& q, float cscale,
-                                            int gi, int ci, SoftmaxState& st) {
-    u32 pb0, pb1;
-    score_page(cur, q, cscale, gi, ci, st, [&](float a0, float a1) { scale_acc(st.acc, a0, a1); }, pb0, pb1);
-    accumulate_page(cur, pb0, pb1, st.acc);
 }

@@ -10,12 +10,7 @@
 //   engine, page_staging.cuh; sm_90+), WHOLEPAGE (0: a block is NW warps of one KV head, each warp
 //   every NW-th page of the split; 1: a block is NW consecutive KV heads, one warp each, and every
 //   warp walks all the split's pages, so the block reads each page's sections as contiguous runs
-//   and no warp's partial needs merging with another's), WARPSPEC (1: the block's warps work in
-//   pairs on one page at a time: the even warp loads the keys, scores them and runs the softmax,
-//   and hands P and the accumulator's rescale factors through a PSLOTS-slot shared-memory ring to
-//   the odd warp, which loads the values and accumulates P.V; each warp holds half a page's work,
-//   so more warps fit in the same registers, and the scorer runs up to PSLOTS pages ahead),
-//   REFILL_LAG (WHOLEPAGE with STAGES: how
+//   and no warp's partial needs merging with another's), REFILL_LAG (WHOLEPAGE with STAGES: how
 //   many pages behind the block ring's producer lets the slowest warp be), PROBE_LOADS (a timing
 //   probe of the memory path alone), PROBE_NOCVT (a timing probe: NVFP4 keys (1), values (2) or
 //   both (3) reach their MMAs as placed E4M3 words, with no f16 conversion or block-scale multiply;
@@ -85,22 +80,12 @@
 #if WHOLEPAGE && STAGES && (REFILL_LAG < 1 || REFILL_LAG >= STAGES)
 #error "REFILL_LAG must be at least 1 and less than STAGES"
 #endif
-#ifndef WARPSPEC
-#define WARPSPEC 0
-#endif
-#ifndef PSLOTS
-#define PSLOTS 4
-#endif
-#if WARPSPEC && (STAGES || WHOLEPAGE || PREF || PROBE_LOADS || NW % 2)
-#error "WARPSPEC pairs load straight into registers (STAGES 0, no PREF or probe), NW warps of one KV head, NW even"
-#endif
-#define NPART (WARPSPEC ? NW / 2 : NW)   // partials merged in the block: one per warp, or per pair
 #define HPB (WHOLEPAGE ? NW : 1)       // KV heads per block (and per staged slot)
 #define PSTRIDE (WHOLEPAGE ? 1 : NW)   // pages between one warp's consecutive pages
 
 #include "decode_page_regs.cuh"      // fragment_ops.cuh, ptx_common.cuh through it
-#if STAGES || WARPSPEC
-#include "page_staging.cuh"          // the rings; WARPSPEC takes its mbarrier wait
+#if STAGES
+#include "page_staging.cuh"
 #endif
 __device__ constexpr int imax_c(int a, int b) { return a > b ? a : b; }
 
@@ -140,48 +125,6 @@ __device__ __forceinline__ void consume_page(const PageRegs& r, SoftmaxState& st
 #define ATTEND(cur) attend_page(cur, qop, cscale, gi, ci, st)
 #endif
 
-// Pages first, first + STRIDE, ... < p1 of one warp, loaded straight into a register ring of DEPTH
-// pages (DEPTH - 1 in flight while one is visited), each handed to ``visit``. Page ids are read one
-// step before they are needed (a load whose address waits on an id would stall the warp for a
-// whole L2 round trip on every page); PREF > 0 also asks L2 for the page PREF steps beyond the
-// ring (one 128-byte line per lane, ``pf_line``; -1: none).
-template <int PARTS, int STRIDE, class Visit>
-__device__ __forceinline__ void walk_pages(const u8* storage, i64 page_bytes, const int* pt, int first, int p1,
-                                           const LaneOffsets& off, int pf_line, Visit visit) {
-    PageRegs ring[DEPTH];            // unrolled below: no copies between slots
-#pragma unroll
-    for (int k = 0; k < DEPTH - 1; ++k) {
-        const int pg = first + k * STRIDE;
-        if (pg < p1) load_page<FromGlobal, PARTS>(ring[k], page_at(storage, pt[pg], page_bytes), off);
-    }
-    int id_ring = first + (DEPTH - 1) * STRIDE < p1 ? pt[first + (DEPTH - 1) * STRIDE] : 0;
-#if PREF > 0
-#pragma unroll
-    for (int k = 0; k < PREF; ++k) {
-        const int pg = first + (DEPTH - 1 + k) * STRIDE;
-        if (pg < p1 && pf_line >= 0) prefetch_l2(page_at(storage, pt[pg], page_bytes) + pf_line);
-    }
-    int id_pref = first + (DEPTH - 1 + PREF) * STRIDE < p1 ? pt[first + (DEPTH - 1 + PREF) * STRIDE] : 0;
-#endif
-    for (int base = first; base < p1; base += DEPTH * STRIDE) {
-#pragma unroll
-        for (int k = 0; k < DEPTH; ++k) {
-            const int pg = base + k * STRIDE;
-            if (pg < p1) {
-                const int pf = pg + (DEPTH - 1) * STRIDE;
-                if (pf < p1) load_page<FromGlobal, PARTS>(ring[(k + DEPTH - 1) % DEPTH], page_at(storage, id_ring, page_bytes), off);
-                id_ring = pf + STRIDE < p1 ? pt[pf + STRIDE] : 0;
-#if PREF > 0
-                const int pp = pf + PREF * STRIDE;
-                if (pp < p1 && pf_line >= 0) prefetch_l2(page_at(storage, id_pref, page_bytes) + pf_line);
-                id_pref = pp + STRIDE < p1 ? pt[pp + STRIDE] : 0;
-#endif
-                visit(ring[k]);
-            }
-        }
-    }
-}
-
 extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
     const void* __restrict__ q_ptr, i64 sq_b, i64 sq_h,
     const u8* __restrict__ storage, i64 page_bytes,
@@ -190,8 +133,8 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
     float* __restrict__ part_acc, float* __restrict__ part_m, float* __restrict__ part_l,
     int num_splits, float qk_scale,
     i64 k_data, i64 k_s, i64 k_bs, i64 k_gs, i64 v_data, i64 v_s, i64 v_bs, i64 v_gs) {
-    __shared__ float sm_m[NPART][8];
-    __shared__ float sm_l[NPART][8];
+    __shared__ float sm_m[NW][8];
+    __shared__ float sm_l[NW][8];
 #if STAGES
     // The page rings (one per warp, or WHOLEPAGE: one per block); after the page loop the same
     // bytes hold the warps' partials. Barriers: per warp ring a "full" one per slot; for the
@@ -200,7 +143,7 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
     __shared__ __align__(8) unsigned long long sm_bar[WHOLEPAGE ? 2 : NW][STAGES];
 #define SM_ACC(w, j, d) ((float*)sm_pool)[((w) * 8 + (j)) * (D + 1) + (d)]
 #else
-    __shared__ __align__(16) float sm_acc[NPART][8][D + 1];  // aligned: lets ptxas store the partials in wider pieces
+    __shared__ __align__(16) float sm_acc[NW][8][D + 1];     // aligned: lets ptxas store the partials in wider pieces
 #define SM_ACC(w, j, d) sm_acc[w][j][d]
 #endif
 #define SM_M(w, j) sm_m[w][j]
@@ -219,7 +162,6 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
 #endif
     const int warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;
-    const int part = WARPSPEC ? warp >> 1 : warp;       // this warp's partial (WARPSPEC: its pair's)
     const int gi = lane >> 2;
     const int ci = lane & 3;
 
@@ -347,56 +289,44 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
         if (++slot == STAGES) { slot = 0; parity ^= 1u; }
     }
     block_sync();                        // the merge below reuses the rings' bytes
-#elif WARPSPEC
-    // ---- warp pairs: the even warp scores, the odd one accumulates (top of this file) ----
-    // Per pair, a ring of PSLOTS slots holds each lane's P^T operand and the factors its
-    // accumulator takes before that page's P.V; "full" barriers count the scorer's 32 lanes
-    // in, "empty" ones the value warp's 32 lanes out. Each warp walks the pair's pages through
-    // its own register ring of DEPTH pages (half a page's registers each).
-    __shared__ __align__(16) u32 sm_p[NPART][PSLOTS][32][4];
-    __shared__ __align__(8) unsigned long long sm_pbar[NPART][2][PSLOTS];
-    __shared__ float sm_vinv[NPART];
-    const bool scorer = (warp & 1) == 0;
-    const u32 full = smem_addr(&sm_pbar[part][0][0]), empty = smem_addr(&sm_pbar[part][1][0]);
-    const u32 pring = smem_addr(&sm_p[part][0][lane][0]);    // this lane's entry of slot 0 (slots 512 bytes apart)
-    if (scorer && lane == 0) {
-#pragma unroll
-        for (int k = 0; k < PSLOTS; ++k) { mbar_init(full + 8 * k, 32); mbar_init(empty + 8 * k, 32); }
-        mbar_init_fence();
-    }
-    block_sync();
-    const LaneOffsets off = lane_offsets(h, gi, ci, k_data, k_s, k_bs, k_gs, v_data, v_s, v_bs, v_gs);
-    u32 slot = 0, parity = 0;
-    if (scorer) {
-        walk_pages<KEY_SIDE, NPART>(storage, page_bytes, pt, p0 + part, p1, off, -1, [&](const PageRegs& cur) {
-            float f0 = 1.0f, f1 = 1.0f;
-            u32 pb0, pb1;
-            score_page(cur, qop, cscale, gi, ci, st, [&](float a0, float a1) { f0 *= a0; f1 *= a1; }, pb0, pb1);
-            mbar_wait(empty + 8 * slot, parity ^ 1u);     // the slot's previous page was read (a fresh one passes)
-            sts_v4(pring + slot * (32 * 16), pb0, pb1, __float_as_uint(f0), __float_as_uint(f1));
-            mbar_arrive(full + 8 * slot);
-            if (++slot == PSLOTS) { slot = 0; parity ^= 1u; }
-        });
-        if (lane == 0) sm_vinv[part] = st.vinv;
-    } else {
-        walk_pages<VALUE_SIDE, NPART>(storage, page_bytes, pt, p0 + part, p1, off, -1, [&](const PageRegs& cur) {
-            u32 in[4];
-            mbar_wait(full + 8 * slot, parity);
-            lds_v4(pring + slot * (32 * 16), in);
-            mbar_arrive(empty + 8 * slot);
-            const float f0 = __uint_as_float(in[2]), f1 = __uint_as_float(in[3]);
-            if (any_sync(f0 != 1.0f || f1 != 1.0f)) scale_acc(st.acc, f0, f1);
-            accumulate_page(cur, in[0], in[1], st.acc);
-            if (++slot == PSLOTS) { slot = 0; parity ^= 1u; }
-        });
-    }
-    block_sync();
-    st.vinv = sm_vinv[part];                              // the value warp's output scale needs it
 #else
     const LaneOffsets off = lane_offsets(h, gi, ci, k_data, k_s, k_bs, k_gs, v_data, v_s, v_bs, v_gs);
+    // Page ids are read one step before they are needed (a load whose address waits on an id
+    // would stall the warp for a whole L2 round trip on every page); PREF > 0 also asks L2 for
+    // the page PREF steps beyond the register ring (one 128-byte line per lane).
     const int pf_line = prefetch_line(h, lane, k_data, k_s, k_bs, v_data, v_s, v_bs);
-    walk_pages<KEY_SIDE | VALUE_SIDE, PSTRIDE>(storage, page_bytes, pt, first, p1, off, pf_line,
-                                              [&](const PageRegs& cur) { ATTEND(cur); });
+    PageRegs ring[DEPTH];            // DEPTH - 1 pages in flight while one is attended (unrolled: no copies)
+#pragma unroll
+    for (int k = 0; k < DEPTH - 1; ++k) {
+        const int pg = first + k * PSTRIDE;
+        if (pg < p1) load_page<FromGlobal>(ring[k], page_at(storage, pt[pg], page_bytes), off);
+    }
+    int id_ring = first + (DEPTH - 1) * PSTRIDE < p1 ? pt[first + (DEPTH - 1) * PSTRIDE] : 0;
+#if PREF > 0
+#pragma unroll
+    for (int k = 0; k < PREF; ++k) {
+        const int pg = first + (DEPTH - 1 + k) * PSTRIDE;
+        if (pg < p1 && pf_line >= 0) prefetch_l2(page_at(storage, pt[pg], page_bytes) + pf_line);
+    }
+    int id_pref = first + (DEPTH - 1 + PREF) * PSTRIDE < p1 ? pt[first + (DEPTH - 1 + PREF) * PSTRIDE] : 0;
+#endif
+    for (int base = first; base < p1; base += DEPTH * PSTRIDE) {
+#pragma unroll
+        for (int k = 0; k < DEPTH; ++k) {
+            const int pg = base + k * PSTRIDE;
+            if (pg < p1) {
+                const int pf = pg + (DEPTH - 1) * PSTRIDE;
+                if (pf < p1) load_page<FromGlobal>(ring[(k + DEPTH - 1) % DEPTH], page_at(storage, id_ring, page_bytes), off);
+                id_ring = pf + PSTRIDE < p1 ? pt[pf + PSTRIDE] : 0;
+#if PREF > 0
+                const int pp = pf + PREF * PSTRIDE;
+                if (pp < p1 && pf_line >= 0) prefetch_l2(page_at(storage, id_pref, page_bytes) + pf_line);
+                id_pref = pp + PSTRIDE < p1 ? pt[pp + PSTRIDE] : 0;
+#endif
+                ATTEND(ring[k]);
+            }
+        }
+    }
 #endif
 
     // ---- this warp's partial: sums over lanes, value scales, then the block's merge ----
@@ -412,20 +342,17 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
 #if VELEM == 2
     vfac *= 64.0f;
 #endif
-    const bool holds_softmax = !WARPSPEC || (warp & 1) == 0, holds_acc = !WARPSPEC || (warp & 1) == 1;
-    if (gi == 0 && holds_softmax) {
-        SM_M(part, 2 * ci) = st.m0; SM_M(part, 2 * ci + 1) = st.m1;
-        SM_L(part, 2 * ci) = st.l0; SM_L(part, 2 * ci + 1) = st.l1;
+    if (gi == 0) {
+        SM_M(warp, 2 * ci) = st.m0; SM_M(warp, 2 * ci + 1) = st.m1;
+        SM_L(warp, 2 * ci) = st.l0; SM_L(warp, 2 * ci + 1) = st.l1;
     }
-    if (holds_acc) {
 #pragma unroll
-        for (int i = 0; i < MTILES; ++i) {
-            const int dg = gi * VB + 2 * i;             // row gi of m-tile i; row gi+8 is dg + 1
-            SM_ACC(part, 2 * ci, dg) = st.acc[i][0] * vfac;
-            SM_ACC(part, 2 * ci + 1, dg) = st.acc[i][1] * vfac;
-            SM_ACC(part, 2 * ci, dg + 1) = st.acc[i][2] * vfac;
-            SM_ACC(part, 2 * ci + 1, dg + 1) = st.acc[i][3] * vfac;
-        }
+    for (int i = 0; i < MTILES; ++i) {
+        const int dg = gi * VB + 2 * i;                 // row gi of m-tile i; row gi+8 is dg + 1
+        SM_ACC(warp, 2 * ci, dg) = st.acc[i][0] * vfac;
+        SM_ACC(warp, 2 * ci + 1, dg) = st.acc[i][1] * vfac;
+        SM_ACC(warp, 2 * ci, dg + 1) = st.acc[i][2] * vfac;
+        SM_ACC(warp, 2 * ci + 1, dg + 1) = st.acc[i][3] * vfac;
     }
 #if WHOLEPAGE
     // Each warp's partial is its head's whole split: written out as it is (through shared
@@ -444,10 +371,10 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
         const int hd = idx / D, d = idx % D;
         float mx = -1.0e30f;
 #pragma unroll
-        for (int w = 0; w < NPART; ++w) mx = fmx(mx, SM_M(w, hd));
+        for (int w = 0; w < NW; ++w) mx = fmx(mx, SM_M(w, hd));
         float a = 0.f, l = 0.f;
 #pragma unroll
-        for (int w = 0; w < NPART; ++w) {
+        for (int w = 0; w < NW; ++w) {
             const float f = ex2(SM_M(w, hd) - mx);
             a += SM_ACC(w, hd, d) * f;
             l += SM_L(w, hd) * f;

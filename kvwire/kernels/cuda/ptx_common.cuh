@@ -63,10 +63,6 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
 __device__ __forceinline__ void lds_v4(u32 a, u32* r) {
     asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
 }
-// 16 bytes into shared memory, ordered before later barrier arrivals (a "memory" clobber).
-__device__ __forceinline__ void sts_v4(u32 a, u32 x, u32 y, u32 z, u32 w) {
-    asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(a), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
-}
 __device__ __forceinline__ void lds_v2(u32 a, u32* r) {
     asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
 }

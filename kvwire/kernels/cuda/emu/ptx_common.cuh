@@ -30,10 +30,6 @@ inline void ld16_l1(const u8* p, u32* r) { std::memcpy(r, p, 16); }
 inline u32 smem_addr(const void* p) { return kvemu::shared_addr(p); }
 inline void lds_v4(u32 a, u32* r) { std::memcpy(r, kvemu::shared_ptr(a), 16); }
 inline void lds_v2(u32 a, u32* r) { std::memcpy(r, kvemu::shared_ptr(a), 8); }
-inline void sts_v4(u32 a, u32 x, u32 y, u32 z, u32 w) {
-    const u32 v[4] = {x, y, z, w};
-    std::memcpy(kvemu::shared_ptr(a), v, 16);
-}
 inline void lds_v2_ordered(u32 a, u32& r0, u32& r1) {
     std::memcpy(&r0, kvemu::shared_ptr(a), 4);
     std::memcpy(&r1, kvemu::shared_ptr(a) + 4, 4);

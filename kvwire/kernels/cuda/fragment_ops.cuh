@@ -32,6 +32,20 @@ __device__ __forceinline__ u32 hmul2(u32 a, u32 b) {
     asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
     return r;
 }
+// a times b's low (hmul2_lo) or high (hmul2_hi) half in both lanes: ptxas folds the broadcast into
+// the multiply's operand (HMUL2 ... R.H0_H0 / R.H1_H1), so it costs no instruction of its own.
+__device__ __forceinline__ u32 hmul2_lo(u32 a, u32 b) {
+    u32 r;
+    asm("{ .reg .b16 lo, hi; .reg .b32 t; mov.b32 {lo, hi}, %2; mov.b32 t, {lo, lo}; mul.rn.f16x2 %0, %1, t; }"
+        : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+__device__ __forceinline__ u32 hmul2_hi(u32 a, u32 b) {
+    u32 r;
+    asm("{ .reg .b16 lo, hi; .reg .b32 t; mov.b32 {lo, hi}, %2; mov.b32 t, {hi, hi}; mul.rn.f16x2 %0, %1, t; }"
+        : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
 __device__ __forceinline__ void mma16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])

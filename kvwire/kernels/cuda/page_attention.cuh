@@ -31,11 +31,12 @@ __device__ __forceinline__ void attend_page(const PageRegs& cur, const QOperand&
         mma16816((kt & 1) ? s2 : s, e4m3x2_lo(w0), e4m3x2_lo(w1), e4m3x2_hi(w0), e4m3x2_hi(w1), b0, b1);
     }
 #else
+    // Rows gi and gi+8's block scales, one f16x2 per row: D = 128 gives words 0-1 the low half and
+    // words 2-3 the high one (D = 64: one scale, low half); each multiply broadcasts its half.
+    const u32 bsr0 = e4m3x2_lo(cur.kbs[0]), bsr1 = e4m3x2_lo(cur.kbs[1]);
 #pragma unroll
     for (int w = 0; w < KWORDS; ++w) {
-        const u32 sel = (D == 128 && w >= 2) ? 0x1111u : 0x0000u;      // this word's block-scale byte, twice
-        const u32 bs0 = e4m3x2_lo(prmt(cur.kbs[0], 0u, sel));
-        const u32 bs1 = e4m3x2_lo(prmt(cur.kbs[1], 0u, sel));
+        const bool bhi = D == 128 && w >= 2;                        // this word's block scale: the high half
         const u32 L0 = e2m1_lo_to_e4m3(cur.k[0][w]), H0 = e2m1_hi_to_e4m3(cur.k[0][w]);
         const u32 L1 = e2m1_lo_to_e4m3(cur.k[1][w]), H1 = e2m1_hi_to_e4m3(cur.k[1][w]);
         u32 b0, b1, b2, b3;
@@ -51,10 +52,12 @@ __device__ __forceinline__ void attend_page(const PageRegs& cur, const QOperand&
                  e4m3x2_lo(H1), b0, b1);
         mma16816(s2, e4m3x2_hi(L0), e4m3x2_hi(L1), e4m3x2_hi(H0), e4m3x2_hi(H1), b2, b3);
 #else
-        mma16816(s, hmul2(e4m3x2_lo(L0), bs0), hmul2(e4m3x2_lo(L1), bs1),
-                 hmul2(e4m3x2_lo(H0), bs0), hmul2(e4m3x2_lo(H1), bs1), b0, b1);
-        mma16816(s2, hmul2(e4m3x2_hi(L0), bs0), hmul2(e4m3x2_hi(L1), bs1),
-                 hmul2(e4m3x2_hi(H0), bs0), hmul2(e4m3x2_hi(H1), bs1), b2, b3);
+#define KSCALE(x, bsr) (bhi ? hmul2_hi(x, bsr) : hmul2_lo(x, bsr))
+        mma16816(s, KSCALE(e4m3x2_lo(L0), bsr0), KSCALE(e4m3x2_lo(L1), bsr1),
+                 KSCALE(e4m3x2_lo(H0), bsr0), KSCALE(e4m3x2_lo(H1), bsr1), b0, b1);
+        mma16816(s2, KSCALE(e4m3x2_hi(L0), bsr0), KSCALE(e4m3x2_hi(L1), bsr1),
+                 KSCALE(e4m3x2_hi(H0), bsr0), KSCALE(e4m3x2_hi(H1), bsr1), b2, b3);
+#undef KSCALE
 #endif
     }
 #endif

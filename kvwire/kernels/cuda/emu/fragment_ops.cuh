@@ -17,6 +17,8 @@ inline u32 hmul2(u32 a, u32 b) {
     const float hi = kvemu::half_to_float(a >> 16) * kvemu::half_to_float(b >> 16);
     return pack_f16x2(lo, hi);
 }
+inline u32 hmul2_lo(u32 a, u32 b) { return hmul2(a, (b & 0xffffu) * 0x10001u); }
+inline u32 hmul2_hi(u32 a, u32 b) { return hmul2(a, (b >> 16) * 0x10001u); }
 // mma.sync.m16n8k16.row.col.f32.f16.f16.f32: lane (g = lane / 4, t = lane % 4) holds A rows g and
 // g + 8 at k 2t, 2t+1 (a0, a1) and 2t+8, 2t+9 (a2, a3); B column g at k 2t, 2t+1 (b0) and 2t+8,
 // 2t+9 (b1); C/D rows g, g + 8 at columns 2t, 2t+1.

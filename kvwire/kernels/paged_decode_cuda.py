@@ -53,6 +53,10 @@ MIN_PAGES_PER_WARP = 8
 #   STAGES one bulk copy per section for the whole block); 0: a block is NW warps of one KV head
 #   taking turns over the pages, merged in the block. NW is then the largest divisor of H up to
 #   NW. REFILL_LAG: with STAGES, how far the block ring's slowest warp may trail (1 <= .. < STAGES).
+# - EVENCOLS (default: 1 when G <= 4) = query heads in the score MMA's even columns only, so each
+#   lane's softmax works on one column instead of two and P reaches the value MMA in two shuffles
+#   instead of four plus two selects: NVFP4 page loop 509 -> 487 instructions (docs/benchmarks.md,
+#   session 28). 0 keeps heads in columns 0..G-1 (what G > 4 needs).
 # - PROBE_LOADS = 1 builds a timing probe of the memory path (no attention, meaningless output);
 #   PROBE_NOCVT = 1 / 2 / 3 one of the attention without the NVFP4 keys' / values' / both's f16
 #   conversion and block-scale multiply, 4 without the keys' scale multiply only (meaningless

@@ -10,7 +10,7 @@ __device__ __forceinline__ u32 e2m1_lo_to_e4m3(u32 w) { return ((w << 4) & 0x808
 __device__ __forceinline__ u32 e2m1_hi_to_e4m3(u32 w) { return (w & 0x80808080u) | ((w >> 2) & 0x1C1C1C1Cu); }
 
 struct SoftmaxState {
-    float m0, m1;                    // running max of heads 2ci, 2ci+1 (log2 units)
+    float m0, m1;                    // running max of heads 2ci, 2ci+1 (log2 units; EVENCOLS: m0 of head ci)
     float l0, l1;                    // this lane's share of the softmax sums
     float acc[MTILES][4];            // O^T fragments, in units of 1/vinv when value scales ride on P
     float vinv;                      // 0 until the first page sets the value reference
@@ -66,12 +66,42 @@ __device__ __forceinline__ void attend_page(const PageRegs& cur, const QOperand&
     float ks0, ks1, vs0, vs1;
     token_scales(cur, gi, ks0, ks1, vs0, vs1);
 #if KGRAN == 1 || KGRAN == 2 || KELEM == 2
-    s[0] *= cscale * ks0; s[1] *= cscale * ks0;
-    s[2] *= cscale * ks1; s[3] *= cscale * ks1;
+    s[0] *= cscale * ks0; s[2] *= cscale * ks1;
+#if !EVENCOLS
+    s[1] *= cscale * ks0; s[3] *= cscale * ks1;
+#endif
 #else
-    s[0] *= cscale; s[1] *= cscale; s[2] *= cscale; s[3] *= cscale;
+    s[0] *= cscale; s[2] *= cscale;
+#if !EVENCOLS
+    s[1] *= cscale; s[3] *= cscale;
+#endif
 #endif
     // ---- online softmax over the page's 16 tokens, per head ----
+#if EVENCOLS
+    // Query heads sit in the even columns only (column 2j = head j: fill_q), so this lane's head
+    // is ci, in s[0] and s[2]; the odd columns are padding and take no softmax work. The
+    // accumulator's columns stay heads (2ci, 2ci+1): their factors come from lanes 2ci and 2ci+1.
+    float pm0 = fmx(s[0], s[2]);
+#if LAZYMAX
+    if (any_sync(pm0 > st.m0 + (float)LAZYMAX)) {
+#endif
+#pragma unroll
+    for (int x = 4; x < 32; x <<= 1) pm0 = fmx(pm0, shfl_xor(pm0, x));
+    const float mn0 = fmx(st.m0, pm0);
+    if (LAZYMAX || any_sync(mn0 > st.m0)) {
+        const float a0 = ex2(st.m0 - mn0);
+        const float fa = shfl_idx_f(a0, 4 * gi + ((2 * ci) & 3)), fb = shfl_idx_f(a0, 4 * gi + ((2 * ci + 1) & 3));
+        st.l0 *= a0;
+#pragma unroll
+        for (int i = 0; i < MTILES; ++i) { st.acc[i][0] *= fa; st.acc[i][1] *= fb; st.acc[i][2] *= fa; st.acc[i][3] *= fb; }
+        st.m0 = mn0;
+    }
+#if LAZYMAX
+    }
+#endif
+    float p0 = ex2(s[0] - st.m0), p2 = ex2(s[2] - st.m0);
+    st.l0 += p0 + p2;
+#else
     float pm0 = fmx(s[0], s[2]), pm1 = fmx(s[1], s[3]);
 #if LAZYMAX
     // The running max is a reference, not the exact max: it moves only when a score passes it by
@@ -95,6 +125,7 @@ __device__ __forceinline__ void attend_page(const PageRegs& cur, const QOperand&
 #endif
     float p0 = ex2(s[0] - st.m0), p1v = ex2(s[1] - st.m1), p2 = ex2(s[2] - st.m0), p3 = ex2(s[3] - st.m1);
     st.l0 += p0 + p2; st.l1 += p1v + p3;
+#endif
 #if VGRAN == 1 || VGRAN == 2 || VELEM == 2
     {   // value scales ride on P, relative to a warp reference kept within 2^+-10 (f16 range)
         float x0 = vs0 * st.vinv, x1 = vs1 * st.vinv;
@@ -110,15 +141,25 @@ __device__ __forceinline__ void attend_page(const PageRegs& cur, const QOperand&
             st.vinv = ninv;
             x0 = vs0 * st.vinv; x1 = vs1 * st.vinv;
         }
-        p0 *= x0; p1v *= x0; p2 *= x1; p3 *= x1;
+        p0 *= x0; p2 *= x1;
+#if !EVENCOLS
+        p1v *= x0; p3 *= x1;
+#endif
     }
 #endif
     // ---- P^T as the B operand: lane (gi, ci) needs head gi, tokens (ci, ci+8) and (ci+4, ci+12)
+#if EVENCOLS
+    // Head gi's tokens (ci, ci+8) are in lane (ci, gi) (for gi < 4; gi >= 4 are padding columns).
+    const u32 X0 = pack_f16x2(p0, p2);                               // head ci: tokens gi, gi+8
+    const int srcA = 4 * ci + gi;
+    const u32 pb0 = shfl_idx(X0, srcA), pb1 = shfl_idx(X0, srcA ^ 16);   // tokens ci+4, ci+12 at srcA + 16
+#else
     const u32 X0 = pack_f16x2(p0, p2), X1 = pack_f16x2(p1v, p3);   // head 2ci / 2ci+1: tokens gi, gi+8
     const int srcA = 4 * ci + (gi >> 1), srcB = srcA + 16;
     const u32 a0x = shfl_idx(X0, srcA), a1x = shfl_idx(X1, srcA);
     const u32 b0x = shfl_idx(X0, srcB), b1x = shfl_idx(X1, srcB);
     const u32 pb0 = (gi & 1) ? a1x : a0x, pb1 = (gi & 1) ? b1x : b0x;
+#endif
     // ---- O^T += V^T . P^T ----
 #if VELEM == 1
 #pragma unroll

@@ -4,7 +4,8 @@
 //   H, G (<= 8), D (64 or 128), NW (warps per block), KELEM, VELEM (1 fp8, 2 nvfp4),
 //   KGRAN, VGRAN (0 none, 1 token, 2 page, 3 static: tensor/head; fp8 only), QF32 (q is fp32, else bf16);
 //   tuning: DEPTH, MINB, PREF (paged_decode_cuda.py says what they are), LAZYMAX (0: exact running
-//   max), QSMEM (q's fragments in shared memory instead of registers), SCALESHFL (fp8-token
+//   max), EVENCOLS (default G <= 4: query heads in the score MMA's even columns, one softmax column
+//   per lane), QSMEM (q's fragments in shared memory instead of registers), SCALESHFL (fp8-token
 //   scales by one load and shuffles, decode_page_regs.cuh), STAGES (0: pages loaded straight into
 //   registers; n > 0: through an n-slot shared-memory ring per warp filled by the bulk-copy
 //   engine, page_staging.cuh; sm_90+), WHOLEPAGE (0: a block is NW warps of one KV head, each warp
@@ -54,6 +55,12 @@
 #endif
 #ifndef QSMEM
 #define QSMEM 0
+#endif
+#ifndef EVENCOLS
+#define EVENCOLS (G <= 4)
+#endif
+#if EVENCOLS && G > 4
+#error "EVENCOLS puts the G query heads in the score MMA's 4 even columns: G must be at most 4"
 #endif
 #define NT (NW * 32)
 #define P 16
@@ -191,11 +198,13 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
     smq = &sm_q[qh][0][lane][0];
 #endif
     {
-        const i64 qoff = (i64)b * sq_b + (i64)(h * G + gi) * sq_h;
+        const int qhead = EVENCOLS ? gi >> 1 : gi;           // column gi's query head (EVENCOLS: even columns only)
+        const bool real = EVENCOLS ? (gi & 1) == 0 && qhead < G : gi < G;
+        const i64 qoff = (i64)b * sq_b + (i64)(h * G + qhead) * sq_h;
 #if QF32
-        fill_q(qop, smq, WHOLEPAGE || warp == 0, (const float*)q_ptr + qoff, gi < G, ci);
+        fill_q(qop, smq, WHOLEPAGE || warp == 0, (const float*)q_ptr + qoff, real, ci);
 #else
-        fill_q(qop, smq, WHOLEPAGE || warp == 0, (const u16*)q_ptr + qoff, gi < G, ci);
+        fill_q(qop, smq, WHOLEPAGE || warp == 0, (const u16*)q_ptr + qoff, real, ci);
 #endif
     }
 
@@ -347,8 +356,13 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
     vfac *= 64.0f;
 #endif
     if (gi == 0) {
+#if EVENCOLS
+        SM_M(warp, ci) = st.m0;                         // this lane's softmax column holds head ci
+        SM_L(warp, ci) = st.l0;
+#else
         SM_M(warp, 2 * ci) = st.m0; SM_M(warp, 2 * ci + 1) = st.m1;
         SM_L(warp, 2 * ci) = st.l0; SM_L(warp, 2 * ci + 1) = st.l1;
+#endif
     }
 #pragma unroll
     for (int i = 0; i < MTILES; ++i) {

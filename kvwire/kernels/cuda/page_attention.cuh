@@ -77,10 +77,15 @@ __device__ __forceinline__ void attend_page(const PageRegs& cur, const QOperand&
 #endif
 #endif
     // ---- online softmax over the page's 16 tokens, per head ----
+    // With LAZYMAX the running max is a reference, not the exact max: it moves only when a score
+    // passes it by more than 2^LAZYMAX (then P <= 2^LAZYMAX, and with the value-scale ratio <= 2^10
+    // below it stays under 2^15 in f16). Most pages then skip the warp-wide max reduction (three
+    // rounds of shuffles on the critical path); the first page always takes it.
 #if EVENCOLS
     // Query heads sit in the even columns only (column 2j = head j: fill_q), so this lane's head
     // is ci, in s[0] and s[2]; the odd columns are padding and take no softmax work. The
-    // accumulator's columns stay heads (2ci, 2ci+1): their factors come from lanes 2ci and 2ci+1.
+    // accumulator's columns stay heads (2ci, 2ci+1): their factors come from lanes 2ci and 2ci+1
+    // (for ci >= 2 those columns are padding, and "& 3" merely keeps the lane in range).
     float pm0 = fmx(s[0], s[2]);
 #if LAZYMAX
     if (any_sync(pm0 > st.m0 + (float)LAZYMAX)) {
@@ -104,10 +109,6 @@ __device__ __forceinline__ void attend_page(const PageRegs& cur, const QOperand&
 #else
     float pm0 = fmx(s[0], s[2]), pm1 = fmx(s[1], s[3]);
 #if LAZYMAX
-    // The running max is a reference, not the exact max: it moves only when a score passes it by
-    // more than 2^LAZYMAX (then P <= 2^LAZYMAX, and with the value-scale ratio <= 2^10 below it
-    // stays under 2^15 in f16). Most pages then skip the warp-wide max reduction (three rounds of
-    // shuffles on the critical path); the first page always takes it.
     if (any_sync(pm0 > st.m0 + (float)LAZYMAX || pm1 > st.m1 + (float)LAZYMAX)) {
 #endif
 #pragma unroll

@@ -6,7 +6,7 @@ change is sized by its page loop's instruction mix. NVRTC comes from PyPI and nv
 from the triton wheel, so no CUDA toolkit or driver is needed:
 
     .venv/bin/pip install nvidia-cuda-nvrtc-cu12==12.9.86
-    python scripts/cuda_sass.py save /tmp/sass-before        # 45 configurations, about 20 s
+    python scripts/cuda_sass.py save /tmp/sass-before        # 54 configurations, about 20 s
     python scripts/cuda_sass.py compare /tmp/sass-before     # lists the ones whose SASS changed
     python scripts/cuda_sass.py loop nvfp4 nvfp4 MINB=6      # registers, spills, page-loop mix
     python scripts/cuda_sass.py build --arch sm_89 --arch sm_90  # does every configuration build there?
@@ -43,7 +43,8 @@ ELEMENTS = {"fp8-token": (1, 1), "fp8-page": (1, 2), "fp8-tensor": (1, 3), "nvfp
 PAIRS = [("fp8-token", "fp8-token"), ("fp8-tensor", "fp8-tensor"), ("nvfp4", "nvfp4"), ("fp8-token", "nvfp4"),
          ("fp8-page", "fp8-token")]
 DECODE_VARIANTS = [{}, {"STAGES": 2}, {"WHOLEPAGE": 1, "STAGES": 2}, {"WHOLEPAGE": 1}, {"QSMEM": 0, "MINB": 4},
-                   {"D": 64, "G": 3}, {"PREF": 2, "DEPTH": 2}, {"QF32": 1}]
+                   {"D": 64, "G": 3}, {"PREF": 2, "DEPTH": 2}, {"QF32": 1},
+                   {"G": 8}]                   # 8 query heads per KV head: all score columns (EVENCOLS 0)
 # ELEM, GRAN, CPL, CHECK, D, H: other chunk counts, the shipped ones (FP8 4, NVFP4 8), and SmolLM2's
 # heads (D 64, H 3), where NVFP4 takes 2 chunks per thread (quantize_cuda.chunks_per_thread)
 QUANTIZE = [(1, 1, 2, 0, 128, 8), (1, 2, 2, 1, 128, 8), (1, 3, 2, 0, 128, 8), (2, 0, 2, 0, 128, 8),

@@ -57,6 +57,11 @@ MIN_PAGES_PER_WARP = 8
 #   lane's softmax works on one column instead of two and P reaches the value MMA in two shuffles
 #   instead of four plus two selects: NVFP4 page loop 509 -> 487 instructions (docs/benchmarks.md,
 #   session 28). 0 keeps heads in columns 0..G-1 (what G > 4 needs).
+# - KLINES (default 1) = FP8 keys at D = 128 with G <= 4 loaded as whole 128-byte lines (each lane
+#   16 consecutive bytes), so a load asks L2 for 4 whole lines instead of 8 half lines; q's odd
+#   score columns then carry each head's second half of d (decode_page_regs.cuh). H100, 32x32k,
+#   two interleaved rounds (docs/benchmarks.md, session 29): fp8-tensor 1.0-1.6% faster, the mixed
+#   formats 0.2-1.2%; fp8-token at deep grids reads through the staged ring and does not change.
 # - PROBE_LOADS = 1 builds a timing probe of the memory path (no attention, meaningless output);
 #   PROBE_NOCVT = 1 / 2 / 3 one of the attention without the NVFP4 keys' / values' / both's f16
 #   conversion and block-scale multiply, 4 without the keys' scale multiply only (meaningless
@@ -64,7 +69,7 @@ MIN_PAGES_PER_WARP = 8
 # (BESIDE, a layout experiment with each head's fp8 token scales right after its data, was removed
 # on 2026-12-06: 1-1.5% slower on the H200 and no gain on the H100, docs/benchmarks.md.)
 DEFAULT_TUNING: dict[str, int] = {"DEPTH": 1, "MINB": 5, "PREF": 0, "LAZYMAX": 5, "QSMEM": 1, "SCALESHFL": 1,
-                                  "STAGES": 0, "WHOLEPAGE": 0}
+                                  "STAGES": 0, "WHOLEPAGE": 0, "KLINES": 1}
 # Per (key, value) element type overrides of the defaults (none measured better today).
 FORMAT_TUNING: dict[tuple[ElementType, ElementType], dict[str, int]] = {}
 # Overrides on top of both, for benchmarks, sweeps and tests of other variants.

@@ -19,16 +19,17 @@ MIXED = ("fp8-token/nvfp4", "nvfp4/fp8-token", "bf16/nvfp4", "fp8-tensor/nvfp4",
 # (a warp per KV head) from registers, through a block ring of 2 slots, of 3 slots for 2 heads (a
 # 4-head fp8 ring of 3 exceeds 48 KB of static shared memory), and with 8 warps and q in registers
 # (for 4 KV heads: blocks of 4 heads); and, for up to 4 query heads per KV head, the score MMA's
-# columns all used (EVENCOLS=0: heads in columns 0..G-1 instead of the even ones).
+# columns all used (EVENCOLS=0: heads in columns 0..G-1 instead of the even ones); and FP8 keys
+# (D = 128) loaded in fragment order, half lines per load (KLINES=0), instead of whole lines.
 DECODE_VARIANTS = [{}, {"DEPTH": 2, "MINB": 1}, {"DEPTH": 3, "MINB": 1}, {"PREF": 2}, {"LAZYMAX": 0},
                    {"QSMEM": 0, "MINB": 4}, {"SCALESHFL": 0}, {"STAGES": 0}, {"STAGES": 1}, {"STAGES": 2},
                    {"WHOLEPAGE": 0, "STAGES": 0}, {"WHOLEPAGE": 1, "STAGES": 0}, {"WHOLEPAGE": 1, "STAGES": 2},
                    {"WHOLEPAGE": 1, "STAGES": 3, "REFILL_LAG": 2, "NW": 2},
-                   {"WHOLEPAGE": 1, "NW": 8, "MINB": 2, "QSMEM": 0}, {"EVENCOLS": 0}]
+                   {"WHOLEPAGE": 1, "NW": 8, "MINB": 2, "QSMEM": 0}, {"EVENCOLS": 0}, {"KLINES": 0}]
 DECODE_VARIANT_IDS = ["default", "depth-2", "depth-3", "l2-prefetch", "exact-max", "q-in-registers", "scale-loads",
                       "registers", "staged-1", "staged-2", "head-blocks", "whole-pages", "whole-pages-staged-2",
                       "whole-pages-2-staged-3-lag-2", "whole-pages-8-warps",
-                      "all-columns"]
+                      "all-columns", "half-line-keys"]
 
 
 def make_format(name: str, page_size=16, layers=2, heads=2, head_dim=64) -> PageFormat:

@@ -73,10 +73,12 @@ def test_quantize_judges_the_kernel_the_engine_runs():
 
 
 @pytest.mark.parametrize("run", ["2026-12-06c-h200-attention.json", "2026-12-06c-h200-attention-run2.json",
-                                 "2026-12-06d-h200-attention.json", "2026-12-06d-h200-attention-run2.json"])
+                                 "2026-12-06d-h200-attention.json", "2026-12-06d-h200-attention-run2.json",
+                                 "2026-12-06e-h200-attention.json", "2026-12-06e-h200-attention-run2.json"])
 def test_the_decode_runs_of_record_2026_12_06(run):
-    # session 27's runs and the current figures of record (session 28, after the NVFP4 page-loop cuts):
-    # the same verdicts, and fp8-tensor/nvfp4 (first timed on the H200 in session 27) missed
+    # session 27's runs, session 28's (after the NVFP4 page-loop cuts) and the current figures of
+    # record (session 29, FP8 keys as whole lines): the same verdicts, and fp8-tensor/nvfp4 (first
+    # timed on the H200 in session 27) missed
     result = json.loads((RUNS / run).read_text())
     got = verdicts(judge("attention", result["rows"]))
     assert {k: v for k, v in got.items() if not v} == {

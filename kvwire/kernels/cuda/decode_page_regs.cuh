@@ -25,6 +25,22 @@
 #define TOKSHFL (SCALESHFL && KELEM == 1 && KGRAN == 1 && VELEM == 1 && VGRAN == 1)
 #define KSTEPS (D / 16)
 #define MTILES (D / 16)
+// FP8 keys at D = 128 as whole 128-byte lines (KLINES): lane l loads bytes [16l, +16) of each of
+// the K section's four 512-byte quarters, so each load instruction asks for four whole lines
+// instead of eight half lines (the fragment order gives each row's four lanes 64 bytes per load).
+// A lane then holds half of each of its rows' d (gi even: d < 64, odd: d >= 64); q's odd score
+// columns carry each head's second half (q_operand.cuh), so it needs EVENCOLS (G <= 4), and lane
+// gi ends up scoring tokens score_token(gi) and score_token(gi) + 8 instead of gi and gi + 8
+// (page_attention.cuh). D = 64 rows are 64 bytes: whole lines already.
+#ifndef KLINES
+#define KLINES 0
+#endif
+#if KLINES && !(KELEM == 1 && D == 128 && EVENCOLS)
+#undef KLINES
+#define KLINES 0
+#endif
+// The first of the two tokens whose scores lane (gi, ci) holds (the second is 8 further).
+__device__ __forceinline__ int score_token(int gi) { return KLINES ? (gi >> 1) + 4 * (gi & 1) : gi; }
 
 struct PageRegs {
     u32 k[2][KWORDS];        // rows gi, gi+8
@@ -51,14 +67,15 @@ struct LaneOffsets {
 __device__ __forceinline__ LaneOffsets lane_offsets(int h, int gi, int ci, i64 k_data, i64 k_s, i64 k_bs, i64 k_gs,
                                                     i64 v_data, i64 v_s, i64 v_bs, i64 v_gs) {
     LaneOffsets o;
+    const int st = score_token(gi);
 #if KELEM == 1
-    o.k = (u32)(k_data + h * P * D + gi * D + 16 * ci);
+    o.k = (u32)(k_data + h * P * D + (KLINES ? 16 * (4 * gi + ci) : gi * D + 16 * ci));
     o.kbs = 0;
 #if TOKSHFL
     const int lane = 4 * gi + ci;
     o.ks = (u32)(lane < P ? k_s + (h * P + lane) * 4 : v_s + (h * P + lane - P) * 4);
 #else
-    o.ks = (u32)(KGRAN == 1 ? k_s + (h * P + gi) * 4 : (KGRAN == 2 ? k_s + h * 4 : 0));
+    o.ks = (u32)(KGRAN == 1 ? k_s + (h * P + st) * 4 : (KGRAN == 2 ? k_s + h * 4 : 0));
 #endif
 #else
     o.k = (u32)(k_data + h * P * (D / 2) + gi * (D / 2) + ci * (D / 8));
@@ -68,7 +85,7 @@ __device__ __forceinline__ LaneOffsets lane_offsets(int h, int gi, int ci, i64 k
 #if VELEM == 1
     o.v = (u32)(v_data + h * P * D + ci * D + gi * VB);
     o.vbs = 0;
-    o.vs = (u32)(VGRAN == 1 ? v_s + (h * P + gi) * 4 : (VGRAN == 2 ? v_s + h * 4 : 0));
+    o.vs = (u32)(VGRAN == 1 ? v_s + (h * P + st) * 4 : (VGRAN == 2 ? v_s + h * 4 : 0));
 #else
     o.v = (u32)(v_data + h * P * (D / 2) + ci * (D / 2) + gi * (VB / 2));
     o.vbs = (u32)(v_bs + (h * P + ci) * (D / 16) + gi * VB / 16);
@@ -102,10 +119,17 @@ template <class M>
 __device__ __forceinline__ void load_page(PageRegs& r, typename M::Addr page, const LaneOffsets& o) {
 #if KELEM == 1
     const typename M::Addr kb = page + o.k;
+#if KLINES
+    // quarter Q holds tokens 4Q + (gi >> 1): quarters 0 / 2 are rows gi / gi+8 of the first score
+    // tile (k[0][0..3] / k[1][0..3]), quarters 1 / 3 those of the second (k[0][4..7] / k[1][4..7])
+#pragma unroll
+    for (int qq = 0; qq < 4; ++qq) M::v4(kb + 512 * qq, &r.k[qq >> 1][4 * (qq & 1)]);
+#else
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr)
 #pragma unroll
         for (int j = 0; j < D / 64; ++j) M::v4(kb + rr * 8 * D + 64 * j, &r.k[rr][4 * j]);
+#endif
 #if TOKSHFL
     r.sc = M::f(page + o.ks);
 #elif KGRAN == 1
@@ -167,11 +191,11 @@ __device__ __forceinline__ int prefetch_line(int h, int lane, i64 k_data, i64 k_
     return -1;
 }
 
-// The key (k0, k1) and value (v0, v1) scales of tokens gi and gi + 8.
-__device__ __forceinline__ void token_scales(const PageRegs& r, int gi, float& k0, float& k1, float& v0, float& v1) {
+// The key (k0, k1) and value (v0, v1) scales of tokens st and st + 8 (st = score_token(gi)).
+__device__ __forceinline__ void token_scales(const PageRegs& r, int st, float& k0, float& k1, float& v0, float& v1) {
 #if TOKSHFL
-    k0 = shfl_idx_f(r.sc, gi); k1 = shfl_idx_f(r.sc, gi + 8);
-    v0 = shfl_idx_f(r.sc, gi + 16); v1 = shfl_idx_f(r.sc, gi + 24);
+    k0 = shfl_idx_f(r.sc, st); k1 = shfl_idx_f(r.sc, st + 8);
+    v0 = shfl_idx_f(r.sc, st + 16); v1 = shfl_idx_f(r.sc, st + 24);
 #else
     k0 = r.ks[0]; k1 = r.ks[1]; v0 = r.vs[0]; v1 = r.vs[1];
 #endif

@@ -22,7 +22,31 @@ __device__ __forceinline__ void attend_page(const PageRegs& cur, const QOperand&
     // ---- scores S^T[tok gi / gi+8, head 2ci / 2ci+1] ----
     float s[4] = {0.f, 0.f, 0.f, 0.f};
     float s2[4] = {0.f, 0.f, 0.f, 0.f};            // second accumulator: two shorter MMA chains
-#if KELEM == 1
+#if KELEM == 1 && KLINES
+    // Whole-line keys (decode_page_regs.cuh): words 0-3 / 4-7 of k[0] and k[1] are rows gi and
+    // gi+8 of two score tiles, X (tokens gi>>1, 8 + gi>>1) and Y (4 + gi>>1, 12 + gi>>1), and hold
+    // d < 64 on even gi, d >= 64 on odd gi. q's odd columns hold each head's d >= 64 (fill_q), so
+    // one MMA gives every row both halves' dots: column 2ci the d < 64 one (right for even rows),
+    // 2ci + 1 the d >= 64 one (right for odd rows). A token's two halves are in lanes gi and gi^1:
+    // even lanes keep tile X's tokens and odd lanes tile Y's, each adding what its partner sends.
+    float x[4] = {0.f, 0.f, 0.f, 0.f}, y[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+        u32 b0, b1;
+        q.get(u, b0, b1);
+        const u32 x0 = cur.k[0][u], x1 = cur.k[1][u], y0 = cur.k[0][4 + u], y1 = cur.k[1][4 + u];
+        mma16816(x, e4m3x2_lo(x0), e4m3x2_lo(x1), e4m3x2_hi(x0), e4m3x2_hi(x1), b0, b1);
+        mma16816(y, e4m3x2_lo(y0), e4m3x2_lo(y1), e4m3x2_hi(y0), e4m3x2_hi(y1), b0, b1);
+    }
+    {
+        const bool odd = gi & 1;
+#pragma unroll
+        for (int r = 0; r < 4; r += 2) {                        // rows gi and gi + 8
+            const float send = odd ? x[r + 1] : y[r];           // the partner's token, my half
+            s[r] = (odd ? y[r + 1] : x[r]) + shfl_xor(send, 4);
+        }
+    }
+#elif KELEM == 1
 #pragma unroll
     for (int kt = 0; kt < KSTEPS; ++kt) {
         const u32 w0 = cur.k[0][kt], w1 = cur.k[1][kt];
@@ -64,7 +88,7 @@ __device__ __forceinline__ void attend_page(const PageRegs& cur, const QOperand&
 #pragma unroll
     for (int i = 0; i < 4; ++i) s[i] += s2[i];
     float ks0, ks1, vs0, vs1;
-    token_scales(cur, gi, ks0, ks1, vs0, vs1);
+    token_scales(cur, score_token(gi), ks0, ks1, vs0, vs1);
 #if KGRAN == 1 || KGRAN == 2 || KELEM == 2
     s[0] *= cscale * ks0; s[2] *= cscale * ks1;
 #if !EVENCOLS
@@ -150,10 +174,11 @@ __device__ __forceinline__ void attend_page(const PageRegs& cur, const QOperand&
 #endif
     // ---- P^T as the B operand: lane (gi, ci) needs head gi, tokens (ci, ci+8) and (ci+4, ci+12)
 #if EVENCOLS
-    // Head gi's tokens (ci, ci+8) are in lane (ci, gi) (for gi < 4; gi >= 4 are padding columns).
-    const u32 X0 = pack_f16x2(p0, p2);                               // head ci: tokens gi, gi+8
-    const int srcA = 4 * ci + gi;
-    const u32 pb0 = shfl_idx(X0, srcA), pb1 = shfl_idx(X0, srcA ^ 16);   // tokens ci+4, ci+12 at srcA + 16
+    // Head gi's tokens (ci, ci+8) are in lane (ci, gi) (for gi < 4; gi >= 4 are padding columns);
+    // with KLINES in lane (2ci, gi), and tokens (ci+4, ci+12) in lane (2ci+1, gi) (score_token).
+    const u32 X0 = pack_f16x2(p0, p2);                               // head ci: tokens st, st+8
+    const int srcA = KLINES ? 8 * ci + gi : 4 * ci + gi;
+    const u32 pb0 = shfl_idx(X0, srcA), pb1 = shfl_idx(X0, srcA ^ (KLINES ? 4 : 16));
 #else
     const u32 X0 = pack_f16x2(p0, p2), X1 = pack_f16x2(p1v, p3);   // head 2ci / 2ci+1: tokens gi, gi+8
     const int srcA = 4 * ci + (gi >> 1), srcB = srcA + 16;

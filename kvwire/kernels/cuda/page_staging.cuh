@@ -115,14 +115,15 @@ __device__ __forceinline__ void stage_page(u32 slot, u32 bar, const u8* page, co
 __device__ __forceinline__ LaneOffsets staged_lane_offsets(int h, int w, u32 chunk, int gi, int ci) {
     LaneOffsets o;
     const u32 in_chunk = (u32)(h * 4) - chunk;          // h's fp32 inside the staged scale chunks
+    const int st = score_token(gi);
 #if KELEM == 1
-    o.k = SLOT_K + w * SK_DATA + gi * D + 16 * ci;
+    o.k = SLOT_K + w * SK_DATA + (KLINES ? 16 * (4 * gi + ci) : gi * D + 16 * ci);
     o.kbs = 0;
 #if TOKSHFL
     const int lane = 4 * gi + ci;
     o.ks = lane < P ? SLOT_KS + (w * P + lane) * 4 : SLOT_VS + (w * P + lane - P) * 4;
 #else
-    o.ks = KGRAN == 1 ? SLOT_KS + (w * P + gi) * 4 : (KGRAN == 2 ? SLOT_KS + in_chunk : 0);
+    o.ks = KGRAN == 1 ? SLOT_KS + (w * P + st) * 4 : (KGRAN == 2 ? SLOT_KS + in_chunk : 0);
 #endif
 #else
     o.k = SLOT_K + w * SK_DATA + gi * (D / 2) + ci * (D / 8);
@@ -132,7 +133,7 @@ __device__ __forceinline__ LaneOffsets staged_lane_offsets(int h, int w, u32 chu
 #if VELEM == 1
     o.v = SLOT_V + w * SV_DATA + ci * D + gi * VB;
     o.vbs = 0;
-    o.vs = VGRAN == 1 ? SLOT_VS + (w * P + gi) * 4 : (VGRAN == 2 ? SLOT_VS + in_chunk : 0);
+    o.vs = VGRAN == 1 ? SLOT_VS + (w * P + st) * 4 : (VGRAN == 2 ? SLOT_VS + in_chunk : 0);
 #else
     o.v = SLOT_V + w * SV_DATA + ci * (D / 2) + gi * (VB / 2);
     o.vbs = SLOT_VS + (w * P + ci) * (D / 16) + gi * VB / 16;

@@ -5,7 +5,8 @@
 //   KGRAN, VGRAN (0 none, 1 token, 2 page, 3 static: tensor/head; fp8 only), QF32 (q is fp32, else bf16);
 //   tuning: DEPTH, MINB, PREF (paged_decode_cuda.py says what they are), LAZYMAX (0: exact running
 //   max), EVENCOLS (default G <= 4: query heads in the score MMA's even columns, one softmax column
-//   per lane), QSMEM (q's fragments in shared memory instead of registers), SCALESHFL (fp8-token
+//   per lane), KLINES (FP8 keys at D = 128 with EVENCOLS loaded as whole 128-byte lines:
+//   decode_page_regs.cuh), QSMEM (q's fragments in shared memory instead of registers), SCALESHFL (fp8-token
 //   scales by one load and shuffles, decode_page_regs.cuh), STAGES (0: pages loaded straight into
 //   registers; n > 0: through an n-slot shared-memory ring per warp filled by the bulk-copy
 //   engine, page_staging.cuh; sm_90+), WHOLEPAGE (0: a block is NW warps of one KV head, each warp
@@ -35,7 +36,9 @@
 //   B: b0,b1 (k 2ci..+1, col gi)  b2,b3 (k 2ci+8.., col gi)
 //   C: c0,c1 (row gi, cols 2ci..+1) c2,c3 (row gi+8, same cols)
 // K (fp8):   lane reads row gi and gi+8, bytes [64j + 16ci, +16) for j < D/64; k-step 4j+u uses
-//            word u: its low half -> a0a1 / a2a3, its high half -> a4a5 / a6a7.
+//            word u: its low half -> a0a1 / a2a3, its high half -> a4a5 / a6a7. With KLINES
+//            (D = 128) lane l reads bytes [16l, +16) of each 512-byte quarter instead: two score
+//            tiles of 4 k-steps, whose even rows hold d < 64 and odd rows d >= 64 (page_attention.cuh).
 // K (nvfp4): lane reads bytes [ci * D/8, +D/8) of rows gi, gi+8 (D/4 elements); word w gives
 //            E4M3 words L (even d) and H (odd d); k-step 2w+t: a0a1 = L half t, a4a5 = H half t.
 // V:         lane reads tokens ci, ci+4, ci+8, ci+12 at d in [gi * D/8, +D/8); token order for
@@ -198,9 +201,10 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
     smq = &sm_q[qh][0][lane][0];
 #endif
     {
-        const int qhead = EVENCOLS ? gi >> 1 : gi;           // column gi's query head (EVENCOLS: even columns only)
-        const bool real = EVENCOLS ? (gi & 1) == 0 && qhead < G : gi < G;
-        const i64 qoff = (i64)b * sq_b + (i64)(h * G + qhead) * sq_h;
+        // column gi's query head (EVENCOLS: even columns only; KLINES: odd columns too, d >= 64)
+        const int qhead = EVENCOLS ? gi >> 1 : gi;
+        const bool real = KLINES ? qhead < G : (EVENCOLS ? (gi & 1) == 0 && qhead < G : gi < G);
+        const i64 qoff = (i64)b * sq_b + (i64)(h * G + qhead) * sq_h + (KLINES ? 64 * (gi & 1) : 0);
 #if QF32
         fill_q(qop, smq, WHOLEPAGE || warp == 0, (const float*)q_ptr + qoff, real, ci);
 #else

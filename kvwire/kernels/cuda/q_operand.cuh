@@ -4,6 +4,10 @@
 // that kernel's macros (D, KELEM, QSMEM, QF32) and is included after decode_page_regs.cuh.
 #pragma once
 
+// k-steps of q: with KLINES every column holds half of d (its caller offsets odd columns' rows by
+// 64), so the score MMAs take 4 k-steps of q instead of 8.
+#define QSTEPS (KLINES ? KSTEPS / 2 : KSTEPS)
+
 // In registers, or (QSMEM=1) in shared memory, read per k-step. The second frees 2 * D/16 registers
 // per thread, which at 96 registers is what lets the compiler issue all of a page's loads before
 // its first MMA (with q in registers it delays the V loads past the score MMAs: two memory round
@@ -15,7 +19,7 @@ struct QOperand {
         lds_v2_ordered(base + kt * 256, b0, b1);
     }
 #else
-    u32 f[KSTEPS][2];
+    u32 f[QSTEPS][2];
     __device__ __forceinline__ void get(int kt, u32& b0, u32& b1) const { b0 = f[kt][0]; b1 = f[kt][1]; }
 #endif
 };
@@ -32,7 +36,7 @@ __device__ __forceinline__ void fill_q(QOperand& qop, u32* smq, bool store, cons
 #define QLOAD(i) (real ? bf16_to_f32(qrow[i]) : 0.f)
 #endif
 #pragma unroll
-    for (int s = 0; s < KSTEPS; ++s) {
+    for (int s = 0; s < QSTEPS; ++s) {
         int d0, d1, d2, d3;
 #if KELEM == 1
         const int base = 64 * (s / 4) + 16 * ci + 4 * (s % 4);

@@ -34,9 +34,11 @@ def test_without_cuda_it_says_so(name):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU message")
-@pytest.mark.parametrize("name, words", [("read_bytes.py", ["ncu", "DRAM"]), ("reduce_parts.py", ["reduce", "split"])])
-def test_single_purpose_scripts_explain_themselves_and_need_a_gpu(name, words):
+@pytest.mark.parametrize("name, words, args", [("read_bytes.py", ["ncu", "DRAM"], ["1x1k", "fp8-token"]),
+                                               ("reduce_parts.py", ["reduce", "split"], ["1x1k", "fp8-token"]),
+                                               ("chunk_reads.py", ["walk", "PROBE_LOADS"], ["walk"])])
+def test_single_purpose_scripts_explain_themselves_and_need_a_gpu(name, words, args):
     r = script(name, "--help")
     assert r.returncode == 0 and "GPU machine" in r.stdout and all(w in r.stdout for w in words), r.stderr
-    r = script(name, "1x1k", "fp8-token")
+    r = script(name, *args)
     assert r.returncode != 0 and "needs a CUDA GPU" in r.stderr

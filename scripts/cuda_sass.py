@@ -114,8 +114,15 @@ def digests() -> tuple[dict[str, str], dict[str, str]]:
 
 
 def page_loop(text: str) -> tuple[int, collections.Counter]:
-    """The largest loop (the decode kernel's page loop): its length and instruction mix."""
-    body = max(sass_loops.loops(text), key=len)
+    """The decode kernel's page loop, its length and instruction mix: the largest loop with
+    tensor-core MMAs (for FP8 pages the partials' merge loops are longer than the page loop), or,
+    in the memory-path probe, which has none, the largest loop that loads pages."""
+    found = sass_loops.loops(text)
+
+    def having(ops: set[str]) -> list[list[str]]:
+        return [b for b in found if ops & set(sass_loops.opcode_mix(b))]
+
+    body = max(having({"HMMA"}) or having({"LDG", "UBLKCP"}) or found, key=len)
     return len(body), sass_loops.opcode_mix(body)
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `kvwire bench serve` on the H200: the router, Ray prefill/decode actors sharing the GPU, NIXL over
 # VRAM, random weights at real shapes (the speed does not depend on the weights' values; prompts are
-# token ids). Carry .whl (Ray, NIXL, gguf: ../shared/gpu/make-wheels.sh) and .gpuwheels
+# token ids). Carry .whl (Ray, NIXL, gguf: scripts/gpu/wheels.sh) and .gpuwheels
 # (grpcio-health-checking, grpcio-reflection, prometheus-client: pure-Python wheels the image lacks).
 # Results: $OUT/serve-<shape>.json and logs.
 set -uo pipefail

@@ -59,9 +59,10 @@ MIN_PAGES_PER_WARP = 8
 #   session 28). 0 keeps heads in columns 0..G-1 (what G > 4 needs).
 # - KLINES (default 1) = FP8 keys at D = 128 with G <= 4 loaded as whole 128-byte lines (each lane
 #   16 consecutive bytes), so a load asks L2 for 4 whole lines instead of 8 half lines; q's odd
-#   score columns then carry each head's second half of d (decode_page_regs.cuh). H100, 32x32k,
-#   two interleaved rounds (docs/benchmarks.md, session 29): fp8-tensor 1.0-1.6% faster, the mixed
-#   formats 0.2-1.2%; fp8-token at deep grids reads through the staged ring and does not change.
+#   score columns then carry each head's second half of d (decode_page_regs.cuh). 32x32k, two
+#   interleaved rounds (docs/benchmarks.md, session 29): on the H200 fp8-tensor 2-4% faster and the
+#   mixed formats 1-2% (H100: 1% and 0.2-1.2%); fp8-token at deep grids reads through the staged
+#   ring and does not change.
 # - PROBE_LOADS = 1 builds a timing probe of the memory path (no attention, meaningless output);
 #   PROBE_NOCVT = 1 / 2 / 3 one of the attention without the NVFP4 keys' / values' / both's f16
 #   conversion and block-scale multiply, 4 without the keys' scale multiply only (meaningless

@@ -1,5 +1,6 @@
 // q as the B operand of the score MMAs (column gi = query head h*G + gi, zero beyond G; with EVENCOLS
-// column 2j = head j and the odd columns zero: the caller picks the row), as f16 pairs in the K
+// column 2j = head j and the odd columns zero, or with KLINES head j's d >= 64: the caller picks the
+// row), as f16 pairs in the K
 // visiting order, and fill_q, which loads it. Part of paged_decode_split.cu: it uses
 // that kernel's macros (D, KELEM, QSMEM, QF32) and is included after decode_page_regs.cuh.
 #pragma once

@@ -4,17 +4,31 @@ A *page* holds ``page_size`` consecutive tokens of one sequence for **every laye
 values, data and scales, in one contiguous byte range. One transfer descriptor can therefore
 cover a run of consecutive pages (no per-layer descriptor storms).
 
-Byte layout of one page (all offsets 16-byte aligned, sections in this order)::
+Byte layout of one page: three groups of sections, in this order. Every offset is 16-byte
+aligned; data sections and the page size are multiples of 128 bytes (a cache line)::
 
-    for layer in range(num_layers):
-        for part in (K, V):                     # each with its own TensorFormat
+    for layer in range(num_layers):             # 1. data, each section on a 128-byte line
+        for part in (K, V):                     #    each with its own TensorFormat
             data          [Hkv, P, D]    bf16   (2 B)            element bf16
                           [Hkv, P, D]    uint8  (E4M3 bits)      element fp8
                           [Hkv, P, D/2]  uint8  (2 x E2M1)       element nvfp4, low nibble = even d
+    for layer in range(num_layers):             # 2. per-token scales
+        for part in (K, V):
             token_scale   [Hkv, P]       fp32                    fp8, granularity token
-            page_scale    [Hkv]          fp32                    fp8, granularity page
             block_scale   [Hkv, P, D/16] uint8  (E4M3 bits)      nvfp4
+    for layer in range(num_layers):             # 3. per-head scales
+        for part in (K, V):
+            page_scale    [Hkv]          fp32                    fp8, granularity page
             global_scale  [Hkv]          fp32                    nvfp4 (one per page and head)
+    zero padding to a multiple of 128 bytes
+
+Why this order: a decode kernel reads each head's slice of a data section as whole 128-byte lines,
+and a page or section that starts off a line costs an extra line per slice. Version 1 packed every
+(layer, part) at 16 bytes, which left mixed and NVFP4 pages (e.g. 26,144 bytes for fp8-token/nvfp4
+at 8 heads, D = 128) and the value data of most layers off the line; on an H100 that cost the mixed
+formats 1-1.5% of decode time (docs/benchmarks.md, session 30). Putting the small scale sections
+after all the data keeps them packed (a head's per-token scales stay within one line where they
+fit) and puts all padding at the page's end: at most 112 bytes a page.
 
 Element formats and what a stored value means (x = the real value):
 
@@ -43,8 +57,9 @@ import json
 from dataclasses import dataclass
 from functools import cached_property
 
-FORMAT_VERSION = 1
-ALIGN = 16
+FORMAT_VERSION = 2
+ALIGN = 16        # every section's offset (the kernels' 16-byte vector loads and bulk copies)
+LINE = 128        # data sections' offsets and the page size (whole cache lines)
 FP8_MAX = 448.0
 E2M1_MAX = 6.0
 NVFP4_BLOCK = 16
@@ -187,8 +202,12 @@ def listed_formats(include_all_pairs: bool = False) -> list[KVFormat]:
     return [KVFormat.parse(n) for n in names]
 
 
-def _align(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
+def _align(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+# The layout's section groups (module docstring): data, per-token scales, per-head scales.
+_SECTION_GROUP = {"data": 0, "token_scale": 1, "block_scale": 1, "page_scale": 2, "global_scale": 2}
 
 
 @dataclass(frozen=True)
@@ -230,15 +249,20 @@ class PageFormat:
         sections: dict[tuple[int, int, str], Section] = {}
         offset = 0
         itemsize = {"bfloat16": 2, "uint8": 1, "float32": 4}
-        for layer in range(self.num_layers):
-            for part, fmt in enumerate((self.kv.key, self.kv.value)):
-                for name, shape, dtype in fmt.sections(self.page_size, self.num_kv_heads, self.head_dim):
-                    nbytes = itemsize[dtype]
-                    for s in shape:
-                        nbytes *= s
-                    sections[(layer, part, name)] = Section(offset, nbytes, shape, dtype)
-                    offset = _align(offset + nbytes)
-        return sections, offset
+        for group in range(3):
+            for layer in range(self.num_layers):
+                for part, fmt in enumerate((self.kv.key, self.kv.value)):
+                    for name, shape, dtype in fmt.sections(self.page_size, self.num_kv_heads, self.head_dim):
+                        if _SECTION_GROUP[name] != group:
+                            continue
+                        if group == 0:
+                            offset = _align(offset, LINE)
+                        nbytes = itemsize[dtype]
+                        for s in shape:
+                            nbytes *= s
+                        sections[(layer, part, name)] = Section(offset, nbytes, shape, dtype)
+                        offset = _align(offset + nbytes, ALIGN)
+        return sections, _align(offset, LINE)
 
     def section(self, layer: int, part: int, name: str) -> Section:
         """Byte range of ``name`` ("data", "token_scale", ...) for ``layer`` and part 0=K, 1=V."""
@@ -246,6 +270,12 @@ class PageFormat:
             return self._layout[0][(layer, part, name)]
         except KeyError:
             raise KeyError(f"page format {self.name} has no section {name!r} for layer {layer} part {part}") from None
+
+    def layer_stride(self, part: int, name: str) -> int:
+        """Bytes from layer l's ``name`` section of ``part`` to layer l + 1's, the same for every l
+        (each section group repeats per layer); 0 for a one-layer format."""
+        first = self.section(0, part, name).offset
+        return self.section(1, part, name).offset - first if self.num_layers > 1 else 0
 
     def part_format(self, part: int) -> TensorFormat:
         return (self.kv.key, self.kv.value)[part]
@@ -279,6 +309,7 @@ class PageFormat:
             "head_dim": self.head_dim,
             "nvfp4_block": NVFP4_BLOCK,
             "align": ALIGN,
+            "line": LINE,
         }
 
     @classmethod

@@ -95,6 +95,19 @@ def part_offsets(page_format: PageFormat, layer: int, part: int) -> tuple[int, i
     return data, scale, bscale, gscale
 
 
+def part_layer_strides(page_format: PageFormat, part: int) -> tuple[int, int, int, int]:
+    """``PageFormat.layer_stride`` of each of part_offsets' sections; 0 where absent."""
+    fmt = page_format.part_format(part)
+    names = ["data", None, None, None]
+    if fmt.element is ElementType.FP8 and fmt.granularity is Granularity.TOKEN:
+        names[1] = "token_scale"
+    elif fmt.element is ElementType.FP8 and fmt.granularity is Granularity.PAGE:
+        names[1] = "page_scale"
+    elif fmt.element is ElementType.NVFP4:
+        names[2:] = ["block_scale", "global_scale"]
+    return tuple(page_format.layer_stride(part, n) if n else 0 for n in names)
+
+
 def check_storage(storage: torch.Tensor, page_format: PageFormat) -> None:
     if storage.dtype != torch.uint8 or storage.dim() != 2 or storage.shape[1] != page_format.page_bytes:
         raise ValueError(f"storage must be uint8 [num_pages, {page_format.page_bytes}] for format "

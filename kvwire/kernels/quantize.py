@@ -25,7 +25,7 @@ import triton.language as tl
 from kvwire.formats import ElementType, PageFormat
 from kvwire.kernels import cuda_emulator, quantize_cuda
 from kvwire.kernels._common import (
-    check_storage, e4m3_decode, e4m3_encode, elem_code, gran_code, interpreting, part_offsets, pow2,
+    check_storage, e4m3_decode, e4m3_encode, elem_code, gran_code, interpreting, part_layer_strides, part_offsets, pow2,
     store_sections, use_triton,
 )
 from kvwire.quant import NonFiniteCount, non_finite_error, quantize_pages
@@ -48,7 +48,7 @@ def _count_bad(x):
 
 @triton.jit
 def _quantize_kernel(x_ptr, sx_n, sx_p, sx_h, sx_d, ids_ptr, st8, st16, st32, static_ptr, flag_ptr,
-                     page_bytes, data_off, s_off, bs_off, gs_off,
+                     page_bytes, data_off, s_off, bs_off, gs_off, layers, ls_data, ls_s, ls_bs, ls_gs,
                      H: tl.constexpr, HB: tl.constexpr, P: tl.constexpr, D: tl.constexpr, BLOCK_P: tl.constexpr,
                      BLOCK_D: tl.constexpr, ELEM: tl.constexpr, GRAN: tl.constexpr, X_BF16: tl.constexpr,
                      HW: tl.constexpr, HW_BS: tl.constexpr, CHECK: tl.constexpr):
@@ -56,8 +56,14 @@ def _quantize_kernel(x_ptr, sx_n, sx_p, sx_h, sx_d, ids_ptr, st8, st16, st32, st
     token and block amax need no second pass."""
     i = tl.program_id(0)
     h0 = tl.program_id(1) * HB
-    page = tl.load(ids_ptr + i).to(tl.int64)
+    # row i of x is layer i % layers of page ids[i // layers] (write_page_layers; else layers = 1)
+    page = tl.load(ids_ptr + i // layers).to(tl.int64)
+    layer = (i % layers).to(tl.int64)
     base = page * page_bytes
+    data_off += layer * ls_data
+    s_off += layer * ls_s
+    bs_off += layer * ls_bs
+    gs_off += layer * ls_gs
     xb = x_ptr + i.to(tl.int64) * sx_n
     p = tl.arange(0, BLOCK_P)
     hb = tl.arange(0, HB)
@@ -151,7 +157,7 @@ def write_pages(storage: torch.Tensor, page_format: PageFormat, layer: int, part
                 page_ids: torch.Tensor, x: torch.Tensor, static_scale: torch.Tensor | None = None,
                 *, check_finite: bool = True, nonfinite: NonFiniteCount | None = None, backend: str = "auto",
                 _hw_cast: bool | None = None, _hw_block_scale: bool = False,
-                _heads_per_program: int | None = None) -> None:
+                _heads_per_program: int | None = None, _layers: int = 1) -> None:
     """Quantise ``x`` [n, P, H, D] (bf16, fp16 or fp32) into pages ``page_ids`` of ``storage``.
 
     ``part`` 0 = K, 1 = V, each in ``page_format``'s format for it; ``static_scale`` [H] fp32 for
@@ -177,14 +183,17 @@ def write_pages(storage: torch.Tensor, page_format: PageFormat, layer: int, part
     if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise ValueError(f"x must be bf16, fp16 or fp32, got {x.dtype}")
     page_ids = torch.as_tensor(page_ids, device=storage.device)
-    if page_ids.dim() != 1 or page_ids.numel() != x.shape[0]:
-        raise ValueError(f"page_ids must be [{x.shape[0]}], got {tuple(page_ids.shape)}")
+    if page_ids.dim() != 1 or page_ids.numel() * _layers != x.shape[0]:
+        raise ValueError(f"page_ids must be [{x.shape[0] // _layers}], got {tuple(page_ids.shape)}")
     h = f.num_kv_heads
     if fmt.has_static_scales:
         if static_scale is None or tuple(static_scale.shape) != (h,):
             raise ValueError(f"{fmt.name} needs a static scale of shape [{h}]")
     if x.shape[0] == 0:
         return
+    if _layers != 1 and (layer != 0 or fmt.has_static_scales or not use_triton(storage)):
+        raise ValueError("a write of several layers starts at layer 0, on the GPU or in the interpreter, "
+                         "with scales computed in the page (write_page_layers)")
     if not use_triton(storage):
         if backend == "cuda":
             raise ValueError(f"the CUDA quantise kernel needs CUDA tensors, got storage on {storage.device}")
@@ -194,7 +203,8 @@ def write_pages(storage: torch.Tensor, page_format: PageFormat, layer: int, part
     if x.device != storage.device:
         raise ValueError(f"x is on {x.device}, storage on {storage.device}")
     hw = (not interpreting()) if _hw_cast is None else _hw_cast
-    data_off, s_off, bs_off, gs_off = part_offsets(f, layer, part)
+    offsets = part_offsets(f, layer, part)
+    strides = part_layer_strides(f, part) if _layers > 1 else (0, 0, 0, 0)
     ids = page_ids.to(torch.int64).contiguous()
     if nonfinite is not None and nonfinite.tensor.device != storage.device:
         raise ValueError(f"nonfinite counts on {nonfinite.tensor.device}, storage is on {storage.device}")
@@ -214,10 +224,10 @@ def write_pages(storage: torch.Tensor, page_format: PageFormat, layer: int, part
     cuda_kernel = quantize_cuda.select(backend, f, part, x, storage, check_finite,
                                        (hw or emulate) and _heads_per_program is None and not _hw_block_scale)
     if cuda_kernel is not None:
-        quantize_cuda.launch(cuda_kernel, f, part, x, ids, storage, (data_off, s_off, bs_off, gs_off), static, flag)
+        quantize_cuda.launch(cuda_kernel, f, part, x, ids, storage, offsets, static, flag, _layers, strides)
     else:
-        _launch_triton(storage, f, fmt, x, ids, static, flag, (data_off, s_off, bs_off, gs_off), check_finite,
-                       hw, _hw_block_scale, _heads_per_program)
+        _launch_triton(storage, f, fmt, x, ids, static, flag, offsets, check_finite,
+                       hw, _hw_block_scale, _heads_per_program, _layers, strides)
     if check_finite and nonfinite is None:
         bad = int(flag.item())
         if bad:
@@ -230,11 +240,11 @@ def write_page_layers(storage: torch.Tensor, page_format: PageFormat, part: int,
     """Quantise every layer of full pages at once: ``x`` [n, layers, P, H, D] into pages ``page_ids``.
 
     The decode step closes pages whose K/V all layers already hold (the bf16 tails), and one launch
-    for them all beats one per layer. ``PageFormat`` lays a page out as its layers one after
-    another, each the same ``page_bytes / layers`` bytes with the same layout, so layer l of page i
-    is the page ``i * layers + l`` of the same format with one layer: one ``write_pages`` call
-    quantises n x layers such pages. Formats with static scales (one per layer) take one call per
-    layer, and so does the torch reference path. ``static_scales``: [layers, 2, H].
+    for them all beats one per layer. Every layer's sections have the same shapes, and each lies a
+    fixed stride from the same section of the layer before (``PageFormat.layer_stride``), so the
+    kernels take the n x layers rows of ``x`` as (page, layer) pairs and offset each section by its
+    stride. Formats with static scales (one per layer) take one call per layer, and so does the
+    torch reference path. ``static_scales``: [layers, 2, H].
     """
     f = page_format
     layers = f.num_layers
@@ -246,16 +256,12 @@ def write_page_layers(storage: torch.Tensor, page_format: PageFormat, part: int,
             static = static_scales[layer, part] if static_scales is not None else None
             write_pages(storage, f, layer, part, page_ids, x[:, layer], static, nonfinite=nonfinite, backend=backend)
         return
-    check_storage(storage, f)
-    one_layer = PageFormat(f.kv, f.page_size, 1, f.num_kv_heads, f.head_dim)
-    ids = torch.as_tensor(page_ids, device=storage.device).to(torch.int64)
-    unit_ids = (ids[:, None] * layers + torch.arange(layers, device=storage.device)).reshape(-1)
-    write_pages(storage.view(-1, one_layer.page_bytes), one_layer, 0, part, unit_ids,
-                x.reshape(-1, f.page_size, f.num_kv_heads, f.head_dim), nonfinite=nonfinite, backend=backend)
+    write_pages(storage, f, 0, part, page_ids, x.reshape(-1, f.page_size, f.num_kv_heads, f.head_dim),
+                nonfinite=nonfinite, backend=backend, _layers=layers)
 
 
 def _launch_triton(storage, f, fmt, x, ids, static, flag, offsets, check_finite, hw, hw_block_scale,
-                   heads_per_program) -> None:
+                   heads_per_program, layers, layer_strides) -> None:
     data_off, s_off, bs_off, gs_off = offsets
     x_bf16 = x.dtype == torch.bfloat16
     xk = x.view(torch.int16) if x_bf16 else x
@@ -270,7 +276,7 @@ def _launch_triton(storage, f, fmt, x, ids, static, flag, offsets, check_finite,
     elems = block_p * hb * block_d
     _quantize_kernel[(x.shape[0], triton.cdiv(h, hb))](
         xk, *x.stride(), ids, storage, st16, st32, static, flag,
-        f.page_bytes, data_off, s_off, bs_off, gs_off,
+        f.page_bytes, data_off, s_off, bs_off, gs_off, layers, *layer_strides,
         H=h, HB=hb, P=f.page_size, D=d, BLOCK_P=block_p, BLOCK_D=block_d,
         ELEM=elem_code(fmt), GRAN=gran_code(fmt), X_BF16=x_bf16, HW=hw, HW_BS=hw and hw_block_scale,
         CHECK=check_finite, num_warps=4 if elems <= 4096 else 8,

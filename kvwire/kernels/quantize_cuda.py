@@ -102,8 +102,10 @@ def select(backend: str, page_format: PageFormat, part: int, x: torch.Tensor, st
 
 def launch(kern: CudaKernel, page_format: PageFormat, part: int, x: torch.Tensor, page_ids: torch.Tensor,
            storage: torch.Tensor, offsets: tuple[int, int, int, int], static: torch.Tensor,
-           flag: torch.Tensor) -> None:
-    """Quantise ``x`` [n, P, H, D] (bf16) into pages ``page_ids`` (int64) of ``storage``."""
+           flag: torch.Tensor, layers: int = 1, layer_strides: tuple[int, int, int, int] = (0, 0, 0, 0)) -> None:
+    """Quantise ``x`` [n * layers, P, H, D] (bf16) into pages ``page_ids`` [n] (int64) of ``storage``:
+    row i is layer i % layers of page ``page_ids[i // layers]``, whose sections lie ``layer_strides``
+    bytes per layer past ``offsets``."""
     f = page_format
     if page_ids.dtype != torch.int64 or not page_ids.is_contiguous():
         raise ValueError("page_ids must be contiguous int64 for the CUDA kernel")
@@ -112,7 +114,7 @@ def launch(kern: CudaKernel, page_format: PageFormat, part: int, x: torch.Tensor
     threads = f.page_size * f.head_dim // (8 * kern.defines["CPL"])
     args = [ptr(x.data_ptr()), i64(x.stride(0)), i64(x.stride(1)), i64(x.stride(2)), ptr(page_ids.data_ptr()),
             ptr(storage.data_ptr()), i64(f.page_bytes), i64(data_off), i64(s_off), i64(bs_off), i64(gs_off),
-            ptr(static.data_ptr()), ptr(flag.data_ptr())]
+            ptr(static.data_ptr()), ptr(flag.data_ptr()), ctypes.c_int32(layers), *[i64(v) for v in layer_strides]]
     grid = (x.shape[0] * f.num_kv_heads, 1, 1) if kern.defines.get("HFAST") else (x.shape[0], f.num_kv_heads, 1)
     kern.launch(grid, (threads, 1, 1), args)
 

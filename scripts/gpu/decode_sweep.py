@@ -8,10 +8,14 @@ HBM) and printed as ms(TB/s of compact KV, speedup vs SDPA). Two kinds:
   placement SHAPE FORMATS                        page placement in the pool, for the kernel and its
         memory-path probe (PROBE_LOADS=1): page tables as kvwire bench attention draws them (a
         random permutation), in shuffled runs of 64 and of 8 consecutive pages, and sequential
+  align SHAPE FORMATS "LINES"                    the page layout's data-section and page-size alignment
+        (formats.LINE: 128 since format version 2; 16 puts pages and data off the 128-byte line
+        as version 1 did), kernel and memory-path probe, each twice, interleaved
 
 Usage (GPU machine, repo root, PYTHONPATH=$PWD):
     python3 scripts/gpu/decode_sweep.py variants 32x32k nvfp4,fp8-token "0 10 18" "default DEPTH=2"
     python3 scripts/gpu/decode_sweep.py placement 32x32k fp8-token,nvfp4
+    python3 scripts/gpu/decode_sweep.py align 32x32k nvfp4,fp8-token/nvfp4 "16 128"
 (scripts/gpu/cuda_decode.sh runs the first after the GPU tests and the bench.)
 """
 from __future__ import annotations
@@ -21,6 +25,7 @@ from collections.abc import Callable
 
 import torch
 
+from kvwire import formats as page_formats
 from kvwire.bench.attention import build_problem, parse_shape, rotated_copies, time_graph, time_sdpa
 from kvwire.formats import KVFormat, PageFormat
 from kvwire.kernels import paged_decode_cuda as pdc
@@ -120,6 +125,33 @@ def placement(text: str, formats: list[str]) -> None:
     pdc.TUNING.clear()
 
 
+def alignment(text: str, formats: list[str], lines: list[int]) -> None:
+    """Each format laid out with each data-section alignment (a new PageFormat per arm: its layout
+    is computed from formats.LINE when first used), kernel and memory-path probe, two rounds."""
+    shape = Shape(text)
+    try:
+        for name in formats:
+            for _ in range(2):
+                for line in lines:
+                    page_formats.LINE = line
+                    f, prob, probs, nbytes = shape.problems(name)
+                    res = []
+                    for probe in (0, 1):
+                        set_tuning(f"PROBE_LOADS={probe}")
+                        res.append(shape.point("probe" if probe else "kernel", [(lambda pr=pr: paged_decode_attention(
+                            *pr.args, out=pr.out, backend="cuda")) for pr in probs], nbytes))
+                    pdc.TUNING.clear()
+                    cuda = paged_decode_attention(*prob.args, backend="cuda").float()
+                    diff = (cuda - paged_decode_attention(*prob.args, backend="triton").float()).abs().max().item()
+                    print(f"{text} {name:16s} line={line:<4d} page_bytes={f.page_bytes} cuda-vs-triton={diff:.1e} "
+                          + " ".join(res), flush=True)
+                    del probs, prob
+                    torch.cuda.empty_cache()
+    finally:
+        page_formats.LINE = 128
+        pdc.TUNING.clear()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -132,12 +164,18 @@ def main() -> None:
     p = sub.add_parser("placement", help="page placement, kernel and memory-path probe")
     p.add_argument("shape", nargs="?", default="32x32k")
     p.add_argument("formats", nargs="?", default="fp8-tensor,fp8-token,nvfp4,fp8-token/nvfp4")
+    a = sub.add_parser("align", help="data-section alignment of the page layout, kernel and memory-path probe")
+    a.add_argument("shape", nargs="?", default="32x32k")
+    a.add_argument("formats", nargs="?", default="nvfp4,fp8-token/nvfp4,fp8-tensor/nvfp4,fp8-token")
+    a.add_argument("lines", nargs="?", default="16 128")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("decode_sweep: needs a CUDA GPU")
     if args.kind == "variants":
         variants(args.shapes.split(","), args.formats.split(","), [int(s) for s in args.splits.split()],
                  args.variants.split())
+    elif args.kind == "align":
+        alignment(args.shape, args.formats.split(","), [int(x) for x in args.lines.split()])
     else:
         placement(args.shape, args.formats.split(","))
 

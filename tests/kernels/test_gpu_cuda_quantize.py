@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kvwire.kernels import nvrtc, quantize_cuda
-from kvwire.kernels.quantize import write_pages, write_pages_reference
+from kvwire.kernels.quantize import write_page_layers, write_pages, write_pages_reference
 from kvwire.quant import NonFiniteCount, NonFiniteInputError
 
 from .helpers import check_quantize_bit_identical, make_format, random_kv
@@ -119,6 +119,25 @@ def test_cuda_quantize_strided_input_and_auto_backend(name, monkeypatch):
     write_pages(storage, f, 0, 0, ids.to(DEV), kv.to(DEV)[:, :, 1])
     write_pages_reference(expect, f, 0, 0, ids, x)
     assert launched, "auto did not pick the CUDA kernel"
+    assert int((storage.cpu() != expect).sum()) == 0
+
+
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+@pytest.mark.parametrize("name", ["fp8-token", "nvfp4", "fp8-token/nvfp4", "fp8-page/nvfp4"])
+def test_write_page_layers_on_the_gpu(name, backend):
+    """All 30 layers of a SmolLM2-shaped page in one launch per part (each section at its layer
+    stride, format version 2) write what one reference write per layer does."""
+    gen = torch.Generator().manual_seed(5)
+    f = make_format(name, page_size=16, layers=30, heads=3, head_dim=64)
+    storage = torch.randint(0, 256, (12, f.page_bytes), dtype=torch.uint8, generator=gen)
+    expect = storage.clone()
+    storage = storage.to(DEV)
+    ids = torch.randperm(12, generator=gen)[:5]
+    for part in (0, 1):
+        tails = random_kv((5, 30, 3, 16, 64), gen).to(torch.bfloat16)       # [n, layers, H, P, D]
+        write_page_layers(storage, f, part, ids.to(DEV), tails.to(DEV).transpose(2, 3), backend=backend)
+        for layer in range(30):
+            write_pages_reference(expect, f, layer, part, ids, tails[:, layer].transpose(1, 2))
     assert int((storage.cpu() != expect).sum()) == 0
 
 

@@ -90,7 +90,7 @@ def test_deferred_non_finite_count_adds_up_over_writes(backend):
 @pytest.mark.parametrize("backend", ["triton", "cuda"])
 @pytest.mark.parametrize("name", ["nvfp4", "fp8-token/nvfp4", "fp8-page", "fp8-tensor/nvfp4"])
 def test_write_page_layers_equals_a_write_per_layer(backend, name):
-    """All layers in one call (layer l of page i as page i * layers + l of a one-layer format), from
+    """All layers in one call (each section of layer l at its layer stride from layer 0's), from
     strided bf16 tails as the runner passes them; static-scale parts take one call per layer."""
     if backend == "cuda" and not cuda_emulator.available():
         pytest.skip("the CUDA kernel runs on the CPU in the emulator, which needs g++ on x86-64")

@@ -154,7 +154,7 @@ def test_pool_registration_rules(fmt) -> None:
     t = make_transport("inprocess", unique("reg"))
     with pytest.raises(TransferError, match="no registered pool"):
         t.handshake()
-    with pytest.raises(ValueError, match=r"contiguous \[num_pages >= 1, 6688\]"):
+    with pytest.raises(ValueError, match=rf"contiguous \[num_pages >= 1, {fmt.page_bytes}\]"):
         t.register_pool(torch.zeros((4, 100), dtype=torch.uint8), fmt)
     with pytest.raises(ValueError, match="must be a uint8 tensor"):
         t.register_pool(torch.zeros((4, fmt.page_bytes), dtype=torch.int16), fmt)

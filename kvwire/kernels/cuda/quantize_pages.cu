@@ -169,7 +169,8 @@ __device__ __forceinline__ float block_max(float a, float* sm, int warp, int lan
 extern "C" __global__ void __launch_bounds__(TPT) kvwire_quantize_pages(
     const u16* __restrict__ x, i64 sx_n, i64 sx_p, i64 sx_h, const i64* __restrict__ ids,
     u8* __restrict__ st, i64 page_bytes, i64 data_off, i64 s_off, i64 bs_off, i64 gs_off,
-    const float* __restrict__ static_scale, int* __restrict__ flag) {
+    const float* __restrict__ static_scale, int* __restrict__ flag,
+    int layers, i64 ls_data, i64 ls_s, i64 ls_bs, i64 ls_gs) {
     __shared__ float sm_max[NWARP];
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
 #if HFAST
@@ -186,7 +187,11 @@ extern "C" __global__ void __launch_bounds__(TPT) kvwire_quantize_pages(
     for (int u = 0; u < NU; ++u)
 #pragma unroll
         for (int k = 0; k < UC; ++k) v[u * UC + k] = ld_stream(xb + (i64)(r0 + u * RPS) * sx_p + 8 * k);
-    u8* page = st + ids[n] * page_bytes;
+    // Tile n is layer n % layers of page ids[n / layers]: each section moves by its layer stride
+    // (write_page_layers; one layer: layers = 1, strides 0).
+    const u32 layer = (u32)n % (u32)layers;
+    u8* page = st + ids[(u32)n / (u32)layers] * page_bytes;
+    data_off += layer * ls_data; s_off += layer * ls_s; bs_off += layer * ls_bs; gs_off += layer * ls_gs;
     const i64 row0 = (i64)h * P + r0;           // this thread's first row in the page's [H, P] rows
 
 #if CHECK

@@ -8,9 +8,12 @@ maximum, so that nearly every byte moved is a read:
          each walking 112 pages of a random (or sequential) page list and reading its head's 2 KB
          slice of two 16 KB sections per page (an fp8 page of 8 heads, D = 128); "walk4" reads 4
          pages per step, one per warp, as the CUDA kernel's warps do.
+  layouts  the same walk over each section of real page layouts (kvwire.formats.PageFormat at 8 KV
+         heads, D = 128: every head's slice of data and scale sections, as the decode kernel reads
+         them), for version 2 (LINE = 128) and with version 1's 16-byte page size (LINE = 16).
 What the walk reaches is what an fp8 page walk could read with this placement; the CUDA kernel's
 memory-path probe (PROBE_LOADS=1, scripts/gpu/decode_sweep.py) is compared against it in
-docs/benchmarks.md (session 29). Usage (GPU machine): python3 scripts/gpu/chunk_reads.py [walk] [--out F]
+docs/benchmarks.md (session 29). Usage (GPU machine): python3 scripts/gpu/chunk_reads.py [walk|layouts] [--out F]
 """
 from __future__ import annotations
 
@@ -45,9 +48,63 @@ def _walk(x, ids, out, NPG: tl.constexpr, PAGE: tl.constexpr, SEC: tl.constexpr,
     tl.store(out + pid, tl.max(tl.max(acc, axis=1), axis=0))
 
 
+@triton.jit
+def _sec(acc, x, pg, h, OFF: tl.constexpr, HS: tl.constexpr, C: tl.constexpr, PAGE: tl.constexpr):
+    p = x + pg[:, None] * PAGE + OFF + h * HS + tl.arange(0, C)[None, :]
+    return tl.maximum(acc, tl.load(p))
+
+
+@triton.jit
+def _walk_sections(x, ids, out, NPG: tl.constexpr, PAGE: tl.constexpr, HEADS: tl.constexpr, PPI: tl.constexpr,
+                   O0: tl.constexpr, S0: tl.constexpr, C0: tl.constexpr, O1: tl.constexpr, S1: tl.constexpr,
+                   C1: tl.constexpr, O2: tl.constexpr, S2: tl.constexpr, C2: tl.constexpr, O3: tl.constexpr,
+                   S3: tl.constexpr, C3: tl.constexpr, O4: tl.constexpr, S4: tl.constexpr, C4: tl.constexpr):
+    """Up to five sections per page (offset, head stride, size in fp32 units; size 0: absent)."""
+    pid = tl.program_id(0)
+    h = pid % HEADS
+    base = pid // HEADS
+    a0 = tl.full([PPI, C0], -1e30, tl.float32)
+    a1 = tl.full([PPI, C1], -1e30, tl.float32)
+    a2 = tl.full([PPI, C2 if C2 > 0 else 1], -1e30, tl.float32)
+    a3 = tl.full([PPI, C3 if C3 > 0 else 1], -1e30, tl.float32)
+    a4 = tl.full([PPI, C4 if C4 > 0 else 1], -1e30, tl.float32)
+    for i in range(0, NPG, PPI):
+        pg = tl.load(ids + base * NPG + i + tl.arange(0, PPI)).to(tl.int64)
+        a0 = _sec(a0, x, pg, h, O0, S0, C0, PAGE)
+        a1 = _sec(a1, x, pg, h, O1, S1, C1, PAGE)
+        if C2 > 0:
+            a2 = _sec(a2, x, pg, h, O2, S2, C2, PAGE)
+        if C3 > 0:
+            a3 = _sec(a3, x, pg, h, O3, S3, C3, PAGE)
+        if C4 > 0:
+            a4 = _sec(a4, x, pg, h, O4, S4, C4, PAGE)
+    m = tl.maximum(tl.max(tl.max(a0, axis=1), axis=0), tl.max(tl.max(a1, axis=1), axis=0))
+    m = tl.maximum(m, tl.maximum(tl.max(tl.max(a2, axis=1), axis=0), tl.max(tl.max(a3, axis=1), axis=0)))
+    tl.store(out + pid, tl.maximum(m, tl.max(tl.max(a4, axis=1), axis=0)))
+
+
+def layout_sections(name: str, line: int) -> tuple[int, list[tuple[int, int, int]], int]:
+    """(page size, [(offset, head stride, size)] in fp32 units, bytes read per page and head) of
+    format ``name`` at 8 KV heads, D = 128, one layer, laid out with formats.LINE = ``line``."""
+    from kvwire import formats
+    old, formats.LINE = formats.LINE, line
+    try:
+        f = formats.PageFormat(formats.KVFormat.parse(name), 16, 1, 8, 128)
+        secs = []
+        for part in (0, 1):
+            for sec_name, shape, _ in f.part_format(part).sections(16, 8, 128):
+                s = f.section(0, part, sec_name)
+                per_head = s.nbytes // shape[0]
+                secs.append((s.offset // 4, per_head // 4 if per_head >= 4 else 0, max(1, per_head // 4)))
+        secs = secs[:5]      # nvfp4's sixth, V's 4-byte global scale, shares K's 32-byte sector
+        return f.page_bytes // 4, secs, sum(4 * c for _, _, c in secs)
+    finally:
+        formats.LINE = old
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", nargs="?", default="all", choices=["all", "walk"])
+    ap.add_argument("mode", nargs="?", default="all", choices=["all", "walk", "layouts"])
     ap.add_argument("--out", default="chunk_reads.json")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -69,6 +126,25 @@ def main() -> None:
             for nw in (1, 4):
                 record(f"tiles {cb}B {order} warps={nw}", n * cb,
                        lambda: _tiles[(n,)](x, ids, out, C=c, num_warps=nw))
+    if args.mode == "layouts":
+        rows, splits, npg, heads = 32, 16, 128, 8
+        grid = rows * splits * heads
+        out = torch.empty(grid, device="cuda")
+        for name in ("bf16", "fp8-tensor", "fp8-token", "fp8-token/nvfp4", "fp8-tensor/nvfp4", "nvfp4"):
+            for line in (16, 128):
+                page, secs, per = layout_sections(name, line)
+                n = rows * splits * npg
+                ids = torch.randperm(x.numel() // page, device="cuda")[:n].int()
+                kw = {}
+                for k, (o, hs, c) in enumerate(secs + [(0, 0, 0)] * (5 - len(secs))):
+                    kw.update({f"O{k}": o, f"S{k}": hs, f"C{k}": c})
+                for ppi, warps in ((4, 4), (4, 8)):
+                    record(f"layouts {name} line={line} page={4 * page}B warps={warps}", grid * npg * per,
+                           lambda: _walk_sections[(grid,)](x, ids, out, NPG=npg, PAGE=page, HEADS=heads, PPI=ppi,
+                                                           num_warps=warps, num_stages=1, **kw))
+        with open(args.out, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "results": results}, f, indent=1)
+        return
     heads, c = 8, 2048 // 4
     sec = heads * c
     page = 2 * sec + 256                                   # two sections and 1 KB of "scales"

@@ -314,6 +314,11 @@ class PageFormat:
 
     @classmethod
     def from_dict(cls, d: dict) -> "PageFormat":
+        version = d.get("version") if isinstance(d, dict) else None
+        if isinstance(version, int) and version != FORMAT_VERSION:
+            raise ValueError(f"page format version {version} is not readable here: this kvwire lays pages out "
+                             f"as version {FORMAT_VERSION}, so prefill and decode workers must run the same "
+                             f"kvwire release")
         try:
             key = TensorFormat(ElementType(d["key"][0]), Granularity(d["key"][1]))
             value = TensorFormat(ElementType(d["value"][0]), Granularity(d["value"][1]))

@@ -51,6 +51,8 @@ def test_dict_roundtrip_and_malformed():
     d = f.to_dict() | {"version": 99}
     with pytest.raises(ValueError, match="version 99"):
         PageFormat.from_dict(d)
+    with pytest.raises(ValueError, match="version 1 is not readable here.*same kvwire release"):
+        PageFormat.from_dict(f.to_dict() | {"version": 1})
 
 
 @pytest.mark.parametrize("shape", [SMOL, dict(page_size=16, num_layers=2, num_kv_heads=8, head_dim=128),

@@ -11,9 +11,11 @@ maximum, so that nearly every byte moved is a read:
   layouts  the same walk over each section of real page layouts (kvwire.formats.PageFormat at 8 KV
          heads, D = 128: every head's slice of data and scale sections, as the decode kernel reads
          them), for version 2 (LINE = 128) and with version 1's 16-byte page size (LINE = 16).
+  heads    version 2 against a head-major placement of the same slices (each head's data and scales
+         of one layer contiguous, the block padded to 128 bytes): what such a format could gain.
 What the walk reaches is what an fp8 page walk could read with this placement; the CUDA kernel's
 memory-path probe (PROBE_LOADS=1, scripts/gpu/decode_sweep.py) is compared against it in
-docs/benchmarks.md (session 29). Usage (GPU machine): python3 scripts/gpu/chunk_reads.py [walk|layouts] [--out F]
+docs/benchmarks.md (session 29). Usage (GPU machine): python3 scripts/gpu/chunk_reads.py [walk|layouts|heads] [--out F]
 """
 from __future__ import annotations
 
@@ -102,9 +104,29 @@ def layout_sections(name: str, line: int) -> tuple[int, list[tuple[int, int, int
         formats.LINE = old
 
 
+def head_major_sections(name: str) -> tuple[int, list[tuple[int, int, int]], int]:
+    """As layout_sections, with each head's slices of every section in one block per head (data,
+    then scales, in version 2's order), blocks padded to 128 bytes: a layout kvwire does not use."""
+    from kvwire import formats
+    f = formats.PageFormat(formats.KVFormat.parse(name), 16, 1, 8, 128)
+    per_head = []
+    for group in range(3):
+        for part in (0, 1):
+            for sec_name, shape, _ in f.part_format(part).sections(16, 8, 128):
+                if formats._SECTION_GROUP[sec_name] == group:
+                    per_head.append(f.section(0, part, sec_name).nbytes // shape[0])
+    block = -(-sum(per_head) // 128) * 128
+    secs, off = [], 0
+    for nbytes in per_head:
+        secs.append((off // 4, block // 4, nbytes // 4))
+        off += nbytes
+    secs = secs[:5]
+    return 8 * block // 4, secs, sum(4 * c for _, _, c in secs)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", nargs="?", default="all", choices=["all", "walk", "layouts"])
+    ap.add_argument("mode", nargs="?", default="all", choices=["all", "walk", "layouts", "heads"])
     ap.add_argument("--out", default="chunk_reads.json")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -126,22 +148,30 @@ def main() -> None:
             for nw in (1, 4):
                 record(f"tiles {cb}B {order} warps={nw}", n * cb,
                        lambda: _tiles[(n,)](x, ids, out, C=c, num_warps=nw))
-    if args.mode == "layouts":
+    if args.mode in ("layouts", "heads"):
         rows, splits, npg, heads = 32, 16, 128, 8
         grid = rows * splits * heads
         out = torch.empty(grid, device="cuda")
-        for name in ("bf16", "fp8-tensor", "fp8-token", "fp8-token/nvfp4", "fp8-tensor/nvfp4", "nvfp4"):
-            for line in (16, 128):
-                page, secs, per = layout_sections(name, line)
-                n = rows * splits * npg
-                ids = torch.randperm(x.numel() // page, device="cuda")[:n].int()
-                kw = {}
-                for k, (o, hs, c) in enumerate(secs + [(0, 0, 0)] * (5 - len(secs))):
-                    kw.update({f"O{k}": o, f"S{k}": hs, f"C{k}": c})
-                for ppi, warps in ((4, 4), (4, 8)):
-                    record(f"layouts {name} line={line} page={4 * page}B warps={warps}", grid * npg * per,
-                           lambda: _walk_sections[(grid,)](x, ids, out, NPG=npg, PAGE=page, HEADS=heads, PPI=ppi,
-                                                           num_warps=warps, num_stages=1, **kw))
+        if args.mode == "layouts":
+            cases = [(f"{n} line={line}", lambda n=n, line=line: layout_sections(n, line))
+                     for n in ("bf16", "fp8-tensor", "fp8-token", "fp8-token/nvfp4", "fp8-tensor/nvfp4", "nvfp4")
+                     for line in (16, 128)]
+        else:
+            cases = [(f"{n} {kind}", lambda n=n, kind=kind: (layout_sections(n, 128) if kind == "v2"
+                                                             else head_major_sections(n)))
+                     for _ in range(2) for n in ("fp8-token", "fp8-token/nvfp4", "fp8-tensor/nvfp4", "nvfp4")
+                     for kind in ("v2", "head-major")]
+        for label, layout in cases:
+            page, secs, per = layout()
+            n = rows * splits * npg
+            ids = torch.randperm(x.numel() // page, device="cuda")[:n].int()
+            kw = {}
+            for k, (o, hs, c) in enumerate(secs + [(0, 0, 0)] * (5 - len(secs))):
+                kw.update({f"O{k}": o, f"S{k}": hs, f"C{k}": c})
+            for ppi, warps in ((4, 4), (4, 8)):
+                record(f"{args.mode} {label} page={4 * page}B warps={warps}", grid * npg * per,
+                       lambda: _walk_sections[(grid,)](x, ids, out, NPG=npg, PAGE=page, HEADS=heads, PPI=ppi,
+                                                       num_warps=warps, num_stages=1, **kw))
         with open(args.out, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "results": results}, f, indent=1)
         return

@@ -42,3 +42,30 @@ def test_single_purpose_scripts_explain_themselves_and_need_a_gpu(name, words, a
     assert r.returncode == 0 and "GPU machine" in r.stdout and all(w in r.stdout for w in words), r.stderr
     r = script(name, *args)
     assert r.returncode != 0 and "needs a CUDA GPU" in r.stderr
+
+
+def test_chunk_reads_layouts_are_the_formats_and_leave_the_format_module_as_it_was():
+    """The walk's layouts: version 2's sections of each format (and the 16-byte page of version 1),
+    and a head-major placement of the same per-head bytes, each head's block on 128 bytes."""
+    sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
+    try:
+        import chunk_reads
+    finally:
+        sys.path.pop(0)
+    from kvwire import formats
+
+    for name in ("fp8-token", "fp8-token/nvfp4", "fp8-tensor/nvfp4", "nvfp4"):
+        page, secs, per = chunk_reads.layout_sections(name, 128)
+        f = formats.PageFormat(formats.KVFormat.parse(name), 16, 1, 8, 128)
+        assert 4 * page == f.page_bytes and formats.LINE == 128
+        old_page, _, old_per = chunk_reads.layout_sections(name, 16)
+        assert formats.LINE == 128 and old_per == per and 4 * old_page <= f.page_bytes
+        hm_page, hm_secs, hm_per = chunk_reads.head_major_sections(name)
+        assert hm_per == per and (4 * hm_page) % (8 * 128) == 0
+        block = hm_secs[0][1]
+        assert all(s == block for _, s, _ in hm_secs) and hm_secs[-1][0] + hm_secs[-1][2] <= block
+        assert all(a[0] + a[2] == b[0] for a, b in zip(hm_secs, hm_secs[1:]))      # contiguous per head
+    r = script("chunk_reads.py", "--help")
+    assert all(kind in r.stdout for kind in ("layouts", "heads"))
+    r = script("decode_sweep.py", "--help")
+    assert "align" in r.stdout

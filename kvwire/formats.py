@@ -5,7 +5,7 @@ values, data and scales, in one contiguous byte range. One transfer descriptor c
 cover a run of consecutive pages (no per-layer descriptor storms).
 
 Byte layout of one page: three groups of sections, in this order. Every offset is 16-byte
-aligned; data sections and the page size are multiples of 128 bytes (a cache line)::
+aligned; data sections start on 128 bytes (a cache line) and the page size is a multiple of 128::
 
     for layer in range(num_layers):             # 1. data, each section on a 128-byte line
         for part in (K, V):                     #    each with its own TensorFormat
@@ -20,13 +20,13 @@ aligned; data sections and the page size are multiples of 128 bytes (a cache lin
         for part in (K, V):
             page_scale    [Hkv]          fp32                    fp8, granularity page
             global_scale  [Hkv]          fp32                    nvfp4 (one per page and head)
-    zero padding to a multiple of 128 bytes
+    padding (never read) to a multiple of 128 bytes
 
 Why this order: a decode kernel reads each head's slice of a data section as whole 128-byte lines,
 and a page or section that starts off a line costs an extra line per slice. Version 1 packed every
 (layer, part) at 16 bytes, which left mixed and NVFP4 pages (e.g. 26,144 bytes for fp8-token/nvfp4
 at 8 heads, D = 128) and the value data of most layers off the line; on an H100 that cost the mixed
-formats 1-1.5% of decode time (docs/benchmarks.md, session 30). Putting the small scale sections
+formats 0.3-2% of decode time (docs/benchmarks.md, session 30). Putting the small scale sections
 after all the data keeps them packed (a head's per-token scales stay within one line where they
 fit) and puts all padding at the page's end: at most 112 bytes a page.
 

@@ -54,6 +54,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -206,6 +207,12 @@ def _align(n: int, to: int) -> int:
     return (n + to - 1) // to * to
 
 
+def _check_version(version: int) -> None:
+    if version != FORMAT_VERSION:
+        raise ValueError(f"page format version {version} is not readable here: this kvwire lays pages out as "
+                         f"version {FORMAT_VERSION}, so prefill and decode workers must run the same kvwire release")
+
+
 # The layout's section groups (module docstring): data, per-token scales, per-head scales.
 _SECTION_GROUP = {"data": 0, "token_scale": 1, "block_scale": 1, "page_scale": 2, "global_scale": 2}
 
@@ -237,8 +244,7 @@ class PageFormat:
         uses_nvfp4 = ElementType.NVFP4 in (self.kv.key.element, self.kv.value.element)
         if uses_nvfp4 and self.head_dim % NVFP4_BLOCK:
             raise ValueError(f"nvfp4 needs head_dim divisible by {NVFP4_BLOCK}, got {self.head_dim}")
-        if self.version != FORMAT_VERSION:
-            raise ValueError(f"page format version {self.version} is not supported (this is {FORMAT_VERSION})")
+        _check_version(self.version)
 
     @property
     def name(self) -> str:
@@ -246,22 +252,18 @@ class PageFormat:
 
     @cached_property
     def _layout(self) -> tuple[dict[tuple[int, int, str], Section], int]:
+        itemsize = {"bfloat16": 2, "uint8": 1, "float32": 4}
+        entries = [(layer, part, name, shape, dtype) for layer in range(self.num_layers)
+                   for part, fmt in enumerate((self.kv.key, self.kv.value))
+                   for name, shape, dtype in fmt.sections(self.page_size, self.num_kv_heads, self.head_dim)]
         sections: dict[tuple[int, int, str], Section] = {}
         offset = 0
-        itemsize = {"bfloat16": 2, "uint8": 1, "float32": 4}
-        for group in range(3):
-            for layer in range(self.num_layers):
-                for part, fmt in enumerate((self.kv.key, self.kv.value)):
-                    for name, shape, dtype in fmt.sections(self.page_size, self.num_kv_heads, self.head_dim):
-                        if _SECTION_GROUP[name] != group:
-                            continue
-                        if group == 0:
-                            offset = _align(offset, LINE)
-                        nbytes = itemsize[dtype]
-                        for s in shape:
-                            nbytes *= s
-                        sections[(layer, part, name)] = Section(offset, nbytes, shape, dtype)
-                        offset = _align(offset + nbytes, ALIGN)
+        for layer, part, name, shape, dtype in sorted(entries, key=lambda e: _SECTION_GROUP[e[2]]):  # stable
+            if name == "data":
+                offset = _align(offset, LINE)
+            nbytes = itemsize[dtype] * math.prod(shape)
+            sections[(layer, part, name)] = Section(offset, nbytes, shape, dtype)
+            offset = _align(offset + nbytes, ALIGN)
         return sections, _align(offset, LINE)
 
     def section(self, layer: int, part: int, name: str) -> Section:
@@ -314,11 +316,8 @@ class PageFormat:
 
     @classmethod
     def from_dict(cls, d: dict) -> "PageFormat":
-        version = d.get("version") if isinstance(d, dict) else None
-        if isinstance(version, int) and version != FORMAT_VERSION:
-            raise ValueError(f"page format version {version} is not readable here: this kvwire lays pages out "
-                             f"as version {FORMAT_VERSION}, so prefill and decode workers must run the same "
-                             f"kvwire release")
+        if isinstance(d, dict) and isinstance(d.get("version"), int):
+            _check_version(d["version"])        # before the catch-all below, which would call it malformed
         try:
             key = TensorFormat(ElementType(d["key"][0]), Granularity(d["key"][1]))
             value = TensorFormat(ElementType(d["value"][0]), Granularity(d["value"][1]))

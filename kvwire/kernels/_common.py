@@ -80,32 +80,26 @@ def gran_code(fmt: TensorFormat) -> int:
             Granularity.TENSOR: GRAN_STATIC, Granularity.HEAD: GRAN_STATIC}[fmt.granularity]
 
 
+def _part_sections(page_format: PageFormat, part: int) -> tuple[str | None, str | None, str | None, str | None]:
+    """Names of (data, token/page scale, nvfp4 block scale, nvfp4 global scale) for ``part``; None if absent."""
+    fmt = page_format.part_format(part)
+    if fmt.element is ElementType.FP8 and fmt.granularity is Granularity.TOKEN:
+        return "data", "token_scale", None, None
+    if fmt.element is ElementType.FP8 and fmt.granularity is Granularity.PAGE:
+        return "data", "page_scale", None, None
+    if fmt.element is ElementType.NVFP4:
+        return "data", None, "block_scale", "global_scale"
+    return "data", None, None, None
+
+
 def part_offsets(page_format: PageFormat, layer: int, part: int) -> tuple[int, int, int, int]:
     """Byte offsets in a page of (data, token/page scale, nvfp4 block scale, nvfp4 global scale); 0 if absent."""
-    fmt = page_format.part_format(part)
-    data = page_format.section(layer, part, "data").offset
-    scale = bscale = gscale = 0
-    if fmt.element is ElementType.FP8 and fmt.granularity is Granularity.TOKEN:
-        scale = page_format.section(layer, part, "token_scale").offset
-    elif fmt.element is ElementType.FP8 and fmt.granularity is Granularity.PAGE:
-        scale = page_format.section(layer, part, "page_scale").offset
-    elif fmt.element is ElementType.NVFP4:
-        bscale = page_format.section(layer, part, "block_scale").offset
-        gscale = page_format.section(layer, part, "global_scale").offset
-    return data, scale, bscale, gscale
+    return tuple(page_format.section(layer, part, n).offset if n else 0 for n in _part_sections(page_format, part))
 
 
 def part_layer_strides(page_format: PageFormat, part: int) -> tuple[int, int, int, int]:
     """``PageFormat.layer_stride`` of each of part_offsets' sections; 0 where absent."""
-    fmt = page_format.part_format(part)
-    names = ["data", None, None, None]
-    if fmt.element is ElementType.FP8 and fmt.granularity is Granularity.TOKEN:
-        names[1] = "token_scale"
-    elif fmt.element is ElementType.FP8 and fmt.granularity is Granularity.PAGE:
-        names[1] = "page_scale"
-    elif fmt.element is ElementType.NVFP4:
-        names[2:] = ["block_scale", "global_scale"]
-    return tuple(page_format.layer_stride(part, n) if n else 0 for n in names)
+    return tuple(page_format.layer_stride(part, n) if n else 0 for n in _part_sections(page_format, part))
 
 
 def check_storage(storage: torch.Tensor, page_format: PageFormat) -> None:

@@ -109,12 +109,9 @@ def head_major_sections(name: str) -> tuple[int, list[tuple[int, int, int]], int
     then scales, in version 2's order), blocks padded to 128 bytes: a layout kvwire does not use."""
     from kvwire import formats
     f = formats.PageFormat(formats.KVFormat.parse(name), 16, 1, 8, 128)
-    per_head = []
-    for group in range(3):
-        for part in (0, 1):
-            for sec_name, shape, _ in f.part_format(part).sections(16, 8, 128):
-                if formats._SECTION_GROUP[sec_name] == group:
-                    per_head.append(f.section(0, part, sec_name).nbytes // shape[0])
+    found = [(f.section(0, part, sec_name), shape[0]) for part in (0, 1)
+             for sec_name, shape, _ in f.part_format(part).sections(16, 8, 128)]
+    per_head = [sec.nbytes // heads for sec, heads in sorted(found, key=lambda x: x[0].offset)]
     block = -(-sum(per_head) // 128) * 128
     secs, off = [], 0
     for nbytes in per_head:

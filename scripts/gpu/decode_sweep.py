@@ -129,6 +129,7 @@ def alignment(text: str, formats: list[str], lines: list[int]) -> None:
     """Each format laid out with each data-section alignment (a new PageFormat per arm: its layout
     is computed from formats.LINE when first used), kernel and memory-path probe, two rounds."""
     shape = Shape(text)
+    shipped = page_formats.LINE
     try:
         for name in formats:
             for _ in range(2):
@@ -148,7 +149,7 @@ def alignment(text: str, formats: list[str], lines: list[int]) -> None:
                     del probs, prob
                     torch.cuda.empty_cache()
     finally:
-        page_formats.LINE = 128
+        page_formats.LINE = shipped
         pdc.TUNING.clear()
 
 

@@ -13,9 +13,11 @@ maximum, so that nearly every byte moved is a read:
          them), for version 2 (LINE = 128) and with version 1's 16-byte page size (LINE = 16).
   heads    version 2 against a head-major placement of the same slices (each head's data and scales
          of one layer contiguous, the block padded to 128 bytes): what such a format could gain.
+  pages    version 2 at 16, 32 and 64 tokens a page, each program walking the same 2,048 tokens: what
+         larger pages (larger slices, fewer page-table reads) could gain.
 What the walk reaches is what an fp8 page walk could read with this placement; the CUDA kernel's
 memory-path probe (PROBE_LOADS=1, scripts/gpu/decode_sweep.py) is compared against it in
-docs/benchmarks.md (session 29). Usage (GPU machine): python3 scripts/gpu/chunk_reads.py [walk|layouts|heads] [--out F]
+docs/benchmarks.md (session 29). Usage (GPU machine): python3 scripts/gpu/chunk_reads.py [walk|layouts|heads|pages] [--out F]
 """
 from __future__ import annotations
 
@@ -85,16 +87,17 @@ def _walk_sections(x, ids, out, NPG: tl.constexpr, PAGE: tl.constexpr, HEADS: tl
     tl.store(out + pid, tl.maximum(m, tl.max(tl.max(a4, axis=1), axis=0)))
 
 
-def layout_sections(name: str, line: int) -> tuple[int, list[tuple[int, int, int]], int]:
+def layout_sections(name: str, line: int, tokens: int = 16) -> tuple[int, list[tuple[int, int, int]], int]:
     """(page size, [(offset, head stride, size)] in fp32 units, bytes read per page and head) of
-    format ``name`` at 8 KV heads, D = 128, one layer, laid out with formats.LINE = ``line``."""
+    format ``name`` at 8 KV heads, D = 128, one layer, ``tokens`` per page, laid out with
+    formats.LINE = ``line``."""
     from kvwire import formats
     old, formats.LINE = formats.LINE, line
     try:
-        f = formats.PageFormat(formats.KVFormat.parse(name), 16, 1, 8, 128)
+        f = formats.PageFormat(formats.KVFormat.parse(name), tokens, 1, 8, 128)
         secs = []
         for part in (0, 1):
-            for sec_name, shape, _ in f.part_format(part).sections(16, 8, 128):
+            for sec_name, shape, _ in f.part_format(part).sections(tokens, 8, 128):
                 s = f.section(0, part, sec_name)
                 per_head = s.nbytes // shape[0]
                 secs.append((s.offset // 4, per_head // 4 if per_head >= 4 else 0, max(1, per_head // 4)))
@@ -102,6 +105,9 @@ def layout_sections(name: str, line: int) -> tuple[int, list[tuple[int, int, int
         return f.page_bytes // 4, secs, sum(4 * c for _, _, c in secs)
     finally:
         formats.LINE = old
+
+
+PAGE_TOKENS = (16, 32, 64)     # "pages": each program reads the same tokens in 128, 64 or 32 pages
 
 
 def head_major_sections(name: str) -> tuple[int, list[tuple[int, int, int]], int]:
@@ -123,7 +129,7 @@ def head_major_sections(name: str) -> tuple[int, list[tuple[int, int, int]], int
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", nargs="?", default="all", choices=["all", "walk", "layouts", "heads"])
+    ap.add_argument("mode", nargs="?", default="all", choices=["all", "walk", "layouts", "heads", "pages"])
     ap.add_argument("--out", default="chunk_reads.json")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -145,20 +151,24 @@ def main() -> None:
             for nw in (1, 4):
                 record(f"tiles {cb}B {order} warps={nw}", n * cb,
                        lambda: _tiles[(n,)](x, ids, out, C=c, num_warps=nw))
-    if args.mode in ("layouts", "heads"):
+    if args.mode in ("layouts", "heads", "pages"):
         rows, splits, npg, heads = 32, 16, 128, 8
         grid = rows * splits * heads
         out = torch.empty(grid, device="cuda")
         if args.mode == "layouts":
-            cases = [(f"{n} line={line}", lambda n=n, line=line: layout_sections(n, line))
+            cases = [(f"{n} line={line}", lambda n=n, line=line: layout_sections(n, line), npg)
                      for n in ("bf16", "fp8-tensor", "fp8-token", "fp8-token/nvfp4", "fp8-tensor/nvfp4", "nvfp4")
                      for line in (16, 128)]
+        elif args.mode == "pages":
+            cases = [(f"{n} tokens={t}", lambda n=n, t=t: layout_sections(n, 128, t), npg * 16 // t)
+                     for _ in range(2) for n in ("fp8-tensor", "fp8-token", "fp8-token/nvfp4", "nvfp4")
+                     for t in PAGE_TOKENS]
         else:
             cases = [(f"{n} {kind}", lambda n=n, kind=kind: (layout_sections(n, 128) if kind == "v2"
-                                                             else head_major_sections(n)))
+                                                             else head_major_sections(n)), npg)
                      for _ in range(2) for n in ("fp8-token", "fp8-token/nvfp4", "fp8-tensor/nvfp4", "nvfp4")
                      for kind in ("v2", "head-major")]
-        for label, layout in cases:
+        for label, layout, npg in cases:
             page, secs, per = layout()
             n = rows * splits * npg
             ids = torch.randperm(x.numel() // page, device="cuda")[:n].int()

@@ -65,7 +65,12 @@ def test_chunk_reads_layouts_are_the_formats_and_leave_the_format_module_as_it_w
         block = hm_secs[0][1]
         assert all(s == block for _, s, _ in hm_secs) and hm_secs[-1][0] + hm_secs[-1][2] <= block
         assert all(a[0] + a[2] == b[0] for a, b in zip(hm_secs, hm_secs[1:]))      # contiguous per head
+        for tokens in chunk_reads.PAGE_TOKENS:      # "pages": per-token sections grow with the page
+            big_page, big_secs, big_per = chunk_reads.layout_sections(name, 128, tokens)
+            assert 4 * big_page == formats.PageFormat(formats.KVFormat.parse(name), tokens, 1, 8, 128).page_bytes
+            assert len(big_secs) == len(secs) and big_per == sum(4 * c for _, _, c in big_secs)
+            assert all(b[2] * 16 == a[2] * tokens for a, b in zip(secs, big_secs) if a[2] > 1)
     r = script("chunk_reads.py", "--help")
-    assert all(kind in r.stdout for kind in ("layouts", "heads"))
+    assert all(kind in r.stdout for kind in ("layouts", "heads", "pages"))
     r = script("decode_sweep.py", "--help")
     assert "align" in r.stdout

@@ -7,8 +7,9 @@ fragment registers: no 16-row query padding, no shared-memory round trip, and pe
 the hardware E4M3x2 -> f16x2 conversion (plus bit placement and block scales for NVFP4). Why the
 Triton kernel could not get there is in docs/benchmarks.md.
 
-Scope (``supports``): both K and V FP8 or NVFP4 (any FP8 granularity), page size 16, head_dim 64 or
-128, up to 8 query heads per KV head, q in bf16 or fp32, a GPU with E4M3 conversions (sm_89+).
+Scope (``supports``): both K and V FP8 or NVFP4 (any FP8 granularity), page size 16 (32 and 64 on the
+register path: ``reads_page_size``), head_dim 64 or 128, up to 8 query heads per KV head, q in bf16
+or fp32, a GPU with E4M3 conversions (sm_89+).
 Everything else uses the Triton kernel or the torch reference. On the CPU under Triton's
 interpreter (``TRITON_INTERPRET=1``), the "cuda" backend runs this kernel in the warp emulator
 (``cuda_emulator.py``, for tests), as an sm_90 GPU of ``EMULATED_SMS`` SMs.
@@ -29,7 +30,8 @@ from kvwire.kernels.nvrtc import CudaKernel, NvrtcUnavailableError, choose, load
 SOURCE = "paged_decode_split.cu"
 KERNEL = "kvwire_decode_split"
 NUM_WARPS = 4
-MIN_PAGES_PER_WARP = 8
+TILE = 16                 # tokens per MMA tile (P in the .cu source)
+MIN_PAGES_PER_WARP = 8    # tiles, at least, that each warp of a split reads
 # Compile-time tuning of the kernel (see the .cu source), measured on the H200 (2026-12-03,
 # docs/benchmarks.md "Tuning" and "Per-page trims"):
 # - DEPTH = pages held in registers per warp (the one attended + those in flight). 1: no register
@@ -84,11 +86,22 @@ def supports(page_format: PageFormat, num_q_heads: int, q: torch.Tensor) -> bool
     if not (q.is_cuda or emulated(q.device)) or f.kv.key.element not in compact or f.kv.value.element not in compact:
         return False
     g = num_q_heads // f.num_kv_heads
-    if f.page_size != 16 or f.head_dim not in (64, 128) or not 1 <= g <= 8:
+    if not reads_page_size(f) or f.head_dim not in (64, 128) or not 1 <= g <= 8:
         return False
     if q.dtype not in (torch.bfloat16, torch.float32) or q.stride(-1) != 1:
         return False
     return emulated(q.device) or torch.cuda.get_device_capability(q.device) >= (8, 9)
+
+
+def reads_page_size(page_format: PageFormat) -> bool:
+    """Whether the kernel reads this format's page size: one MMA tile of 16 tokens, or, on the
+    register path (no STAGES, WHOLEPAGE or PREF), 2 or 4 tiles, which the block's warps share
+    (PT in the .cu source: each warp reads one tile of every page it visits)."""
+    tiles, rest = divmod(page_format.page_size, TILE)
+    if rest or tiles not in (1, 2, 4) or NUM_WARPS % tiles:
+        return False
+    t = tuning_for(page_format)
+    return tiles == 1 or not (t["STAGES"] or t["WHOLEPAGE"] or t["PREF"])
 
 
 def _capability(device: torch.device) -> tuple[int, int]:
@@ -114,7 +127,8 @@ def kernel_for(page_format: PageFormat, num_q_heads: int, q_dtype: torch.dtype,
     defines = {
         "H": f.num_kv_heads, "G": num_q_heads // f.num_kv_heads, "D": f.head_dim, "NW": NUM_WARPS,
         "KELEM": elem_code(f.kv.key), "KGRAN": gran_code(f.kv.key), "VELEM": elem_code(f.kv.value),
-        "VGRAN": gran_code(f.kv.value), "QF32": int(q_dtype == torch.float32), **tuning_for(f), **(overrides or {}),
+        "VGRAN": gran_code(f.kv.value), "QF32": int(q_dtype == torch.float32), "PT": f.page_size, **tuning_for(f),
+        **(overrides or {}),
     }
     if _capability(device) < (9, 0):
         defines["STAGES"] = 0                      # the bulk-copy engine is sm_90+
@@ -151,7 +165,8 @@ def deep_grid_stages(page_format: PageFormat) -> int:
     kv = page_format.kv
     token_fp8 = all(t.element is ElementType.FP8 and t.granularity is Granularity.TOKEN for t in (kv.key, kv.value))
     per_warp = not tuning_for(page_format)["WHOLEPAGE"]
-    return DEEP_GRID_STAGES if token_fp8 and per_warp and "STAGES" not in TUNING else 0
+    one_tile = page_format.page_size == TILE          # the rings hold pages of one tile
+    return DEEP_GRID_STAGES if token_fp8 and per_warp and one_tile and "STAGES" not in TUNING else 0
 
 
 @dataclass(frozen=True)
@@ -221,7 +236,8 @@ def default_splits(kernel: CudaKernel, batch: int, kv_heads: int, max_pages: int
     num_warps = kernel.defines["NW"]
     wave = sms * max(1, kernel.blocks_per_sm(32 * num_warps))
     rows = grid(kernel, 1, batch, kv_heads)[1]
-    warps_per_split = 1 if kernel.defines.get("WHOLEPAGE") else num_warps    # warps sharing one split's pages
+    tiles = kernel.defines.get("PT", TILE) // TILE                            # a warp reads one tile of a page
+    warps_per_split = 1 if kernel.defines.get("WHOLEPAGE") else num_warps // tiles    # ... sharing a split's pages
     cap = max(1, -(-max_pages // (warps_per_split * MIN_PAGES_PER_WARP)))
     best, best_eff = 1, 0.0
     for s in range(1, cap + 1):
@@ -260,5 +276,5 @@ def split_partials(kernels: DecodeKernels, q: torch.Tensor, storage: torch.Tenso
 
 
 __all__ = ["DecodeKernels", "NvrtcUnavailableError", "deep_grid_stages", "default_splits", "dependent_launch", "grid",
-           "heads_per_block", "kernel_for", "kernels_for", "select", "split_partials",
+           "heads_per_block", "kernel_for", "kernels_for", "reads_page_size", "select", "split_partials",
            "supports", "tuning_for"]

@@ -11,11 +11,14 @@ HBM) and printed as ms(TB/s of compact KV, speedup vs SDPA). Two kinds:
   align SHAPE FORMATS "LINES"                    the page layout's data-section and page-size alignment
         (formats.LINE: 128 since format version 2; 16 puts pages and data off the 128-byte line
         as version 1 did), kernel and memory-path probe, each twice, interleaved
+  pages SHAPE FORMATS "SIZES"                    page sizes (tokens): 16, and 32 / 64, whose 16-token
+        tiles a block's warps share (PT in the kernel), each twice, interleaved
 
 Usage (GPU machine, repo root, PYTHONPATH=$PWD):
     python3 scripts/gpu/decode_sweep.py variants 32x32k nvfp4,fp8-token "0 10 18" "default DEPTH=2"
     python3 scripts/gpu/decode_sweep.py placement 32x32k fp8-token,nvfp4
     python3 scripts/gpu/decode_sweep.py align 32x32k nvfp4,fp8-token/nvfp4 "16 128"
+    python3 scripts/gpu/decode_sweep.py pages 32x32k fp8-token/nvfp4,nvfp4 "16 32 64"
 (scripts/gpu/cuda_decode.sh runs the first after the GPU tests and the bench.)
 """
 from __future__ import annotations
@@ -42,9 +45,9 @@ class Shape:
         self.sdpa = min(time_sdpa(self.batch, self.context, HQ, HKV, D, quick=True)[0].values())
         print(f"{self.batch}x{self.context} bf16 SDPA {self.sdpa:.4f} ms (same run)", flush=True)
 
-    def problems(self, name: str):
+    def problems(self, name: str, page_size: int = 16):
         """(format, the first problem, rotated copies, compact bytes read per call)."""
-        f = PageFormat(KVFormat.parse(name), 16, 1, HKV, D)
+        f = PageFormat(KVFormat.parse(name), page_size, 1, HKV, D)
         prob = build_problem(f, self.batch, self.context, HQ, "cuda")
         probs, nbytes = rotated_copies(prob, f, self.batch, self.context, HQ, "cuda")
         return f, prob, probs, nbytes
@@ -153,6 +156,24 @@ def alignment(text: str, formats: list[str], lines: list[int]) -> None:
         pdc.TUNING.clear()
 
 
+def page_sizes(text: str, formats: list[str], sizes: list[int]) -> None:
+    """Each format at each page size (16, and 32 / 64: tiles shared by a block's warps), the kernel
+    at its default splits, two rounds interleaved; the bf16 tail is one page long at every size."""
+    shape = Shape(text)
+    for name in formats:
+        for _ in range(2):
+            for size in sizes:
+                f, prob, probs, nbytes = shape.problems(name, size)
+                point = shape.point("kernel", [(lambda pr=pr: paged_decode_attention(*pr.args, out=pr.out, backend="cuda"))
+                                               for pr in probs], nbytes)
+                cuda = paged_decode_attention(*prob.args, backend="cuda").float()
+                diff = (cuda - paged_decode_attention(*prob.args, backend="triton").float()).abs().max().item()
+                print(f"{text} {name:16s} page={size:<3d} page_bytes={f.page_bytes} cuda-vs-triton={diff:.1e} {point}",
+                      flush=True)
+                del probs, prob
+                torch.cuda.empty_cache()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -169,12 +190,18 @@ def main() -> None:
     a.add_argument("shape", nargs="?", default="32x32k")
     a.add_argument("formats", nargs="?", default="nvfp4,fp8-token/nvfp4,fp8-tensor/nvfp4,fp8-token")
     a.add_argument("lines", nargs="?", default="16 128")
+    g = sub.add_parser("pages", help="page sizes of 16, 32 and 64 tokens, the kernel")
+    g.add_argument("shape", nargs="?", default="32x32k")
+    g.add_argument("formats", nargs="?", default="fp8-token/nvfp4,fp8-tensor/nvfp4,nvfp4,fp8-token,fp8-tensor")
+    g.add_argument("sizes", nargs="?", default="16 32 64")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("decode_sweep: needs a CUDA GPU")
     if args.kind == "variants":
         variants(args.shapes.split(","), args.formats.split(","), [int(s) for s in args.splits.split()],
                  args.variants.split())
+    elif args.kind == "pages":
+        page_sizes(args.shape, args.formats.split(","), [int(x) for x in args.sizes.split()])
     elif args.kind == "align":
         alignment(args.shape, args.formats.split(","), [int(x) for x in args.lines.split()])
     else:

@@ -67,11 +67,11 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def decode_problem(device, name, gqa=4, heads=8, head_dim=128, num_pages=(600, 37, 0, 251), tail_len=(16, 3, 1, 9),
-                   q_dtype=torch.bfloat16, seed=0):
+                   q_dtype=torch.bfloat16, seed=0, page_size=16):
     """Decode arguments for ``paged_decode_attention``: sequences of ``num_pages`` scattered pages
     (one empty), bf16 tails of ``tail_len`` tokens, q of ``gqa`` heads per KV head."""
     gen = torch.Generator(device=device).manual_seed(seed)
-    f = make_format(name, page_size=16, layers=2, heads=heads, head_dim=head_dim)
+    f = make_format(name, page_size=page_size, layers=2, heads=heads, head_dim=head_dim)
     pool = sum(num_pages) + 64
     storage, static = make_pool(f, pool, gen, device, empty=True)
     b = len(num_pages)
@@ -81,7 +81,7 @@ def decode_problem(device, name, gqa=4, heads=8, head_dim=128, num_pages=(600, 3
     for i, n in enumerate(num_pages):
         pt[i, :n] = perm[o:o + n]
         o += n
-    tail = torch.randn((b + 1, 2, 2, heads, 16, head_dim), device=device, generator=gen).to(torch.bfloat16)
+    tail = torch.randn((b + 1, 2, 2, heads, page_size, head_dim), device=device, generator=gen).to(torch.bfloat16)
     q = torch.randn((b, gqa * heads, head_dim), device=device, generator=gen).to(q_dtype)
     i32 = {"dtype": torch.int32, "device": device}
     return (q, storage, f, 1, pt, torch.tensor(num_pages, **i32), tail, torch.arange(b, **i32) + 1,

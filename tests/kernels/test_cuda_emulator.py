@@ -45,6 +45,27 @@ def test_emulated_decode_variants(name, tuning, monkeypatch):
     check_decode(decode_problem(DEV, name, q_dtype=torch.float32, **SMALL), 4e-3, backend="cuda", num_splits=3)
 
 
+@pytest.mark.parametrize("name", ["fp8-token", "fp8-page", "fp8-token/nvfp4", "nvfp4"])
+@pytest.mark.parametrize("page_size,splits", [(32, None), (64, None), (64, 3), (32, 1)])
+def test_emulated_decode_pages_of_two_and_four_tiles(name, page_size, splits):
+    """Pages of 32 and 64 tokens, whose 16-token tiles the block's warps share (PT): every tile's
+    rows, token and block scales, and per-page scales at the right offsets, for any split count."""
+    args = decode_problem(DEV, name, page_size=page_size, num_pages=(23, 5, 0, 9), tail_len=(page_size, 3, 1, 17),
+                          gqa=3, head_dim=64, heads=4, seed=page_size)
+    assert paged_decode_cuda.reads_page_size(args[2])
+    check_decode(args, 1e-2, backend="cuda", num_splits=splits)
+
+
+def test_pages_of_other_sizes_or_on_other_paths_stay_on_triton(monkeypatch):
+    """48 tokens (3 tiles) is not read; nor are multi-tile pages through the staged ring."""
+    assert not paged_decode_cuda.reads_page_size(make_format("nvfp4", page_size=48, layers=1, heads=2, head_dim=64))
+    two_tiles = make_format("fp8-token", page_size=32, layers=1, heads=2, head_dim=64)
+    monkeypatch.setattr(paged_decode_cuda, "TUNING", {"STAGES": 2})
+    assert not paged_decode_cuda.reads_page_size(two_tiles)
+    monkeypatch.setattr(paged_decode_cuda, "TUNING", {})
+    assert paged_decode_cuda.reads_page_size(two_tiles) and paged_decode_cuda.deep_grid_stages(two_tiles) == 0
+
+
 @pytest.mark.parametrize("name", ["fp8-token/nvfp4", "nvfp4/fp8-tensor"])
 @pytest.mark.parametrize("gqa,head_dim", [(1, 128), (3, 64), (4, 64), (8, 128), (3, 128)])
 def test_emulated_decode_gqa_and_head_dim(name, gqa, head_dim):

@@ -43,6 +43,16 @@ def test_cuda_decode_gqa_and_head_dim(name, gqa, head_dim, variant):
     check_decode(decode_problem(DEV, name, gqa=gqa, head_dim=head_dim, heads=4), 1e-2, backend="cuda")
 
 
+@pytest.mark.parametrize("name", ["fp8-token", "fp8-page", "nvfp4", "fp8-token/nvfp4", "fp8-tensor/nvfp4"])
+@pytest.mark.parametrize("page_size", [32, 64])
+@pytest.mark.parametrize("gqa,head_dim", [(4, 128), (3, 64), (8, 128)])
+def test_cuda_decode_pages_of_several_tiles(name, page_size, gqa, head_dim):
+    """Pages of 2 and 4 tiles (PT), whose tiles the block's warps share, at real sizes."""
+    args = decode_problem(DEV, name, gqa=gqa, head_dim=head_dim, page_size=page_size,
+                          num_pages=(150, 37, 0, 63), tail_len=(page_size, 3, 1, 33), seed=page_size)
+    check_decode(args, 1e-2, backend="cuda")
+
+
 @pytest.mark.parametrize("name", ["fp8-token/nvfp4", "nvfp4", "fp8-tensor", "fp8-page"])
 def test_cuda_decode_fp32_q_tight(name, variant):
     check_decode(decode_problem(DEV, name, q_dtype=torch.float32), 4e-3, backend="cuda")

@@ -64,31 +64,32 @@ struct LaneOffsets {
     u32 k, ks, kbs, v, vs, vbs;
 };
 
-__device__ __forceinline__ LaneOffsets lane_offsets(int h, int gi, int ci, i64 k_data, i64 k_s, i64 k_bs, i64 k_gs,
-                                                    i64 v_data, i64 v_s, i64 v_bs, i64 v_gs) {
+__device__ __forceinline__ LaneOffsets lane_offsets(int h, int tile, int gi, int ci, i64 k_data, i64 k_s, i64 k_bs,
+                                                    i64 k_gs, i64 v_data, i64 v_s, i64 v_bs, i64 v_gs) {
     LaneOffsets o;
     const int st = score_token(gi);
+    const int row = h * PT + tile * P;          // the tile's first token row in head h's slice of a section
 #if KELEM == 1
-    o.k = (u32)(k_data + h * P * D + (KLINES ? 16 * (4 * gi + ci) : gi * D + 16 * ci));
+    o.k = (u32)(k_data + row * D + (KLINES ? 16 * (4 * gi + ci) : gi * D + 16 * ci));
     o.kbs = 0;
 #if TOKSHFL
     const int lane = 4 * gi + ci;
-    o.ks = (u32)(lane < P ? k_s + (h * P + lane) * 4 : v_s + (h * P + lane - P) * 4);
+    o.ks = (u32)(lane < P ? k_s + (row + lane) * 4 : v_s + (row + lane - P) * 4);
 #else
-    o.ks = (u32)(KGRAN == 1 ? k_s + (h * P + st) * 4 : (KGRAN == 2 ? k_s + h * 4 : 0));
+    o.ks = (u32)(KGRAN == 1 ? k_s + (row + st) * 4 : (KGRAN == 2 ? k_s + h * 4 : 0));
 #endif
 #else
-    o.k = (u32)(k_data + h * P * (D / 2) + gi * (D / 2) + ci * (D / 8));
-    o.kbs = (u32)(k_bs + (h * P + gi) * (D / 16) + ci * (D / 64));
+    o.k = (u32)(k_data + row * (D / 2) + gi * (D / 2) + ci * (D / 8));
+    o.kbs = (u32)(k_bs + (row + gi) * (D / 16) + ci * (D / 64));
     o.ks = (u32)(k_gs + h * 4);
 #endif
 #if VELEM == 1
-    o.v = (u32)(v_data + h * P * D + ci * D + gi * VB);
+    o.v = (u32)(v_data + row * D + ci * D + gi * VB);
     o.vbs = 0;
-    o.vs = (u32)(VGRAN == 1 ? v_s + (h * P + st) * 4 : (VGRAN == 2 ? v_s + h * 4 : 0));
+    o.vs = (u32)(VGRAN == 1 ? v_s + (row + st) * 4 : (VGRAN == 2 ? v_s + h * 4 : 0));
 #else
-    o.v = (u32)(v_data + h * P * (D / 2) + ci * (D / 2) + gi * (VB / 2));
-    o.vbs = (u32)(v_bs + (h * P + ci) * (D / 16) + gi * VB / 16);
+    o.v = (u32)(v_data + row * (D / 2) + ci * (D / 2) + gi * (VB / 2));
+    o.vbs = (u32)(v_bs + (row + ci) * (D / 16) + gi * VB / 16);
     o.vs = (u32)(v_gs + h * 4);
 #endif
     return o;

@@ -2,7 +2,8 @@
 //
 // Compiled at run time by NVRTC (kvwire/kernels/nvrtc.py) with these macros:
 //   H, G (<= 8), D (64 or 128), NW (warps per block), KELEM, VELEM (1 fp8, 2 nvfp4),
-//   KGRAN, VGRAN (0 none, 1 token, 2 page, 3 static: tensor/head; fp8 only), QF32 (q is fp32, else bf16);
+//   KGRAN, VGRAN (0 none, 1 token, 2 page, 3 static: tensor/head; fp8 only), QF32 (q is fp32, else bf16),
+//   PT (tokens per stored page: 16, or 32 / 64 read as 16-token tiles that a block's warps share);
 //   tuning: DEPTH, MINB, PREF (paged_decode_cuda.py says what they are), LAZYMAX (0: exact running
 //   max), EVENCOLS (default G <= 4: query heads in the score MMA's even columns, one softmax column
 //   per lane), KLINES (FP8 keys at D = 128 with EVENCOLS loaded as whole 128-byte lines:
@@ -90,8 +91,18 @@
 #if WHOLEPAGE && STAGES && (REFILL_LAG < 1 || REFILL_LAG >= STAGES)
 #error "REFILL_LAG must be at least 1 and less than STAGES"
 #endif
+#ifndef PT
+#define PT P                           // tokens per stored page: P, or 2P / 4P read as P-token tiles
+#endif
+#define SUBT (PT / P)                  // tiles per page; warp w takes tile w % SUBT of every NW/SUBT-th page
+#if PT % P != 0 || NW % SUBT != 0
+#error "PT must be a multiple of 16 whose tiles (PT / 16) divide NW"
+#endif
+#if SUBT > 1 && (STAGES || WHOLEPAGE || PREF)
+#error "pages of more than 16 tokens are read on the register path only (STAGES = WHOLEPAGE = PREF = 0)"
+#endif
 #define HPB (WHOLEPAGE ? NW : 1)       // KV heads per block (and per staged slot)
-#define PSTRIDE (WHOLEPAGE ? 1 : NW)   // pages between one warp's consecutive pages
+#define PSTRIDE (WHOLEPAGE ? 1 : NW / SUBT)   // pages between one warp's consecutive pages
 
 #include "decode_page_regs.cuh"      // fragment_ops.cuh, ptx_common.cuh through it
 #if STAGES
@@ -222,7 +233,7 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
 #pragma unroll
     for (int i = 0; i < MTILES; ++i) st.acc[i][0] = st.acc[i][1] = st.acc[i][2] = st.acc[i][3] = 0.f;
     const int* pt = page_table + (i64)b * spt_b;
-    const int first = p0 + (WHOLEPAGE ? 0 : warp);
+    const int first = p0 + (WHOLEPAGE ? 0 : warp / SUBT);
 #if STAGES && WHOLEPAGE
     // ---- pages through the block's shared-memory ring (page_staging.cuh) ----
     // Thread 0 fills the slots. Each warp releases a slot (its "empty" barrier) once it has
@@ -303,7 +314,7 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) kvwire_decode_split(
     }
     block_sync();                        // the merge below reuses the rings' bytes
 #else
-    const LaneOffsets off = lane_offsets(h, gi, ci, k_data, k_s, k_bs, k_gs, v_data, v_s, v_bs, v_gs);
+    const LaneOffsets off = lane_offsets(h, warp % SUBT, gi, ci, k_data, k_s, k_bs, k_gs, v_data, v_s, v_bs, v_gs);
     // Page ids are read one step before they are needed (a load whose address waits on an id
     // would stall the warp for a whole L2 round trip on every page); PREF > 0 also asks L2 for
     // the page PREF steps beyond the register ring (one 128-byte line per lane).

@@ -42,10 +42,12 @@ def test_auto_on_cpu_matches_the_reference(monkeypatch):
 
 
 @pytest.mark.parametrize("name,page_size,head_dim,q_heads,ok", [
-    ("fp8-token/nvfp4", 16, 128, 32, True), ("bf16/nvfp4", 16, 128, 32, False), ("nvfp4", 32, 128, 32, False),
-    ("fp8-token", 16, 96, 32, False), ("fp8-token", 16, 128, 80, False), ("fp8-tensor", 16, 64, 8, True)])
+    ("fp8-token/nvfp4", 16, 128, 32, True), ("bf16/nvfp4", 16, 128, 32, False), ("nvfp4", 32, 128, 32, True),
+    ("nvfp4", 64, 128, 32, True), ("nvfp4", 48, 128, 32, False), ("nvfp4", 8, 128, 32, False),
+    ("fp8-token", 128, 128, 32, False), ("fp8-token", 16, 96, 32, False), ("fp8-token", 16, 128, 80, False),
+    ("fp8-tensor", 16, 64, 8, True)])
 def test_supports_covers_the_documented_scope(name, page_size, head_dim, q_heads, ok, monkeypatch):
-    """``supports`` on a (pretend) sm_90 device: compact K and V, P=16, D 64/128, G <= 8."""
+    """``supports`` on a (pretend) sm_90 device: compact K and V, P = 16, 32 or 64, D 64/128, G <= 8."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
 
     class FakeCudaQ:                       # only the attributes supports() reads

@@ -45,7 +45,8 @@ PAIRS = [("fp8-token", "fp8-token"), ("fp8-tensor", "fp8-tensor"), ("nvfp4", "nv
 DECODE_VARIANTS = [{}, {"STAGES": 2}, {"WHOLEPAGE": 1, "STAGES": 2}, {"WHOLEPAGE": 1}, {"QSMEM": 0, "MINB": 4},
                    {"D": 64, "G": 3}, {"PREF": 2, "DEPTH": 2}, {"QF32": 1},
                    {"G": 8},                   # 8 query heads per KV head: all score columns (EVENCOLS 0)
-                   {"KLINES": 0}]              # FP8 keys in fragment order (half lines), not whole lines
+                   {"KLINES": 0},              # FP8 keys in fragment order (half lines), not whole lines
+                   {"PT": 64}, {"PT": 32, "D": 64, "G": 3}]    # pages of 4 and 2 tiles, shared by the warps
 # ELEM, GRAN, CPL, CHECK, D, H: other chunk counts, the shipped ones (FP8 4, NVFP4 8), and SmolLM2's
 # heads (D 64, H 3), where NVFP4 takes 2 chunks per thread (quantize_cuda.chunks_per_thread)
 QUANTIZE = [(1, 1, 2, 0, 128, 8), (1, 2, 2, 1, 128, 8), (1, 3, 2, 0, 128, 8), (2, 0, 2, 0, 128, 8),

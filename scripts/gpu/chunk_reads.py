@@ -152,24 +152,25 @@ def main() -> None:
                 record(f"tiles {cb}B {order} warps={nw}", n * cb,
                        lambda: _tiles[(n,)](x, ids, out, C=c, num_warps=nw))
     if args.mode in ("layouts", "heads", "pages"):
-        rows, splits, npg, heads = 32, 16, 128, 8
+        rows, splits, tokens_per_program, heads = 32, 16, 2048, 8
         grid = rows * splits * heads
         out = torch.empty(grid, device="cuda")
         if args.mode == "layouts":
-            cases = [(f"{n} line={line}", lambda n=n, line=line: layout_sections(n, line), npg)
+            cases = [(f"{n} line={line}", lambda n=n, line=line: layout_sections(n, line), 16)
                      for n in ("bf16", "fp8-tensor", "fp8-token", "fp8-token/nvfp4", "fp8-tensor/nvfp4", "nvfp4")
                      for line in (16, 128)]
         elif args.mode == "pages":
-            cases = [(f"{n} tokens={t}", lambda n=n, t=t: layout_sections(n, 128, t), npg * 16 // t)
+            cases = [(f"{n} tokens={t}", lambda n=n, t=t: layout_sections(n, 128, t), t)
                      for _ in range(2) for n in ("fp8-tensor", "fp8-token", "fp8-token/nvfp4", "nvfp4")
                      for t in PAGE_TOKENS]
         else:
             cases = [(f"{n} {kind}", lambda n=n, kind=kind: (layout_sections(n, 128) if kind == "v2"
-                                                             else head_major_sections(n)), npg)
+                                                             else head_major_sections(n)), 16)
                      for _ in range(2) for n in ("fp8-token", "fp8-token/nvfp4", "fp8-tensor/nvfp4", "nvfp4")
                      for kind in ("v2", "head-major")]
-        for label, layout, npg in cases:
+        for label, layout, tokens in cases:          # (what it is, its sections, tokens a page)
             page, secs, per = layout()
+            npg = tokens_per_program // tokens
             n = rows * splits * npg
             ids = torch.randperm(x.numel() // page, device="cuda")[:n].int()
             kw = {}

@@ -128,6 +128,17 @@ def placement(text: str, formats: list[str]) -> None:
     pdc.TUNING.clear()
 
 
+def cuda_calls(probs) -> list[Callable[[], object]]:
+    """One CUDA-kernel decode call per problem copy, into its own output (for ``Shape.point``)."""
+    return [(lambda pr=pr: paged_decode_attention(*pr.args, out=pr.out, backend="cuda")) for pr in probs]
+
+
+def cuda_vs_triton(prob) -> float:
+    """Largest absolute difference between the CUDA and the Triton kernel's outputs for ``prob``."""
+    cuda = paged_decode_attention(*prob.args, backend="cuda").float()
+    return (cuda - paged_decode_attention(*prob.args, backend="triton").float()).abs().max().item()
+
+
 def alignment(text: str, formats: list[str], lines: list[int]) -> None:
     """Each format laid out with each data-section alignment (a new PageFormat per arm: its layout
     is computed from formats.LINE when first used), kernel and memory-path probe, two rounds."""
@@ -142,11 +153,9 @@ def alignment(text: str, formats: list[str], lines: list[int]) -> None:
                     res = []
                     for probe in (0, 1):
                         set_tuning(f"PROBE_LOADS={probe}")
-                        res.append(shape.point("probe" if probe else "kernel", [(lambda pr=pr: paged_decode_attention(
-                            *pr.args, out=pr.out, backend="cuda")) for pr in probs], nbytes))
+                        res.append(shape.point("probe" if probe else "kernel", cuda_calls(probs), nbytes))
                     pdc.TUNING.clear()
-                    cuda = paged_decode_attention(*prob.args, backend="cuda").float()
-                    diff = (cuda - paged_decode_attention(*prob.args, backend="triton").float()).abs().max().item()
+                    diff = cuda_vs_triton(prob)
                     print(f"{text} {name:16s} line={line:<4d} page_bytes={f.page_bytes} cuda-vs-triton={diff:.1e} "
                           + " ".join(res), flush=True)
                     del probs, prob
@@ -164,10 +173,8 @@ def page_sizes(text: str, formats: list[str], sizes: list[int]) -> None:
         for _ in range(2):
             for size in sizes:
                 f, prob, probs, nbytes = shape.problems(name, size)
-                point = shape.point("kernel", [(lambda pr=pr: paged_decode_attention(*pr.args, out=pr.out, backend="cuda"))
-                                               for pr in probs], nbytes)
-                cuda = paged_decode_attention(*prob.args, backend="cuda").float()
-                diff = (cuda - paged_decode_attention(*prob.args, backend="triton").float()).abs().max().item()
+                point = shape.point("kernel", cuda_calls(probs), nbytes)
+                diff = cuda_vs_triton(prob)
                 print(f"{text} {name:16s} page={size:<3d} page_bytes={f.page_bytes} cuda-vs-triton={diff:.1e} {point}",
                       flush=True)
                 del probs, prob

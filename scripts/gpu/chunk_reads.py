@@ -15,9 +15,13 @@ maximum, so that nearly every byte moved is a read:
          of one layer contiguous, the block padded to 128 bytes): what such a format could gain.
   pages    version 2 at 16, 32 and 64 tokens a page, each program walking the same 2,048 tokens: what
          larger pages (larger slices, fewer page-table reads) could gain.
+  scales   version 2 against the same page with each head's small per-token sections side by side:
+         fp8-token's K and V token scales as one 128-byte line per head instead of two 64-byte
+         halves of two lines, fp8-token/nvfp4's K token scales beside its V block scales (192
+         bytes per head, one run): what pairing them in the format could gain.
 What the walk reaches is what an fp8 page walk could read with this placement; the CUDA kernel's
 memory-path probe (PROBE_LOADS=1, scripts/gpu/decode_sweep.py) is compared against it in
-docs/benchmarks.md (session 29). Usage (GPU machine): python3 scripts/gpu/chunk_reads.py [walk|layouts|heads|pages] [--out F]
+docs/benchmarks.md (session 29). Usage (GPU machine): python3 scripts/gpu/chunk_reads.py [walk|layouts|heads|pages|scales] [--out F]
 """
 from __future__ import annotations
 
@@ -127,9 +131,26 @@ def head_major_sections(name: str) -> tuple[int, list[tuple[int, int, int]], int
     return 8 * block // 4, secs, sum(4 * c for _, _, c in secs)
 
 
+PAIRED = {"fp8-token": (1, 3), "fp8-token/nvfp4": (1, 3)}   # "scales": the sections laid side by side
+
+
+def paired_scale_sections(name: str) -> tuple[int, list[tuple[int, int, int]], int]:
+    """As layout_sections (version 2), with the two per-token scale sections of PAIRED[name] (K's
+    and V's, adjacent in version 2) interleaved by head: head h's slice of the first, then of the
+    second, then head h + 1's. Same page, same bytes read; a layout kvwire does not use."""
+    page, secs, per = layout_sections(name, 128)
+    i, j = PAIRED[name]
+    (o0, s0, c0), (o1, s1, c1) = secs[i], secs[j]
+    if o1 != o0 + 8 * s0 or s0 != c0 or s1 != c1:
+        raise ValueError(f"{name}: sections {i} and {j} are not two adjacent per-head sections")
+    secs = list(secs)
+    secs[i], secs[j] = (o0, c0 + c1, c0), (o0 + c0, c0 + c1, c1)
+    return page, secs, per
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", nargs="?", default="all", choices=["all", "walk", "layouts", "heads", "pages"])
+    ap.add_argument("mode", nargs="?", default="all", choices=["all", "walk", "layouts", "heads", "pages", "scales"])
     ap.add_argument("--out", default="chunk_reads.json")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -151,7 +172,7 @@ def main() -> None:
             for nw in (1, 4):
                 record(f"tiles {cb}B {order} warps={nw}", n * cb,
                        lambda: _tiles[(n,)](x, ids, out, C=c, num_warps=nw))
-    if args.mode in ("layouts", "heads", "pages"):
+    if args.mode in ("layouts", "heads", "pages", "scales"):
         rows, splits, tokens_per_program, heads = 32, 16, 2048, 8
         grid = rows * splits * heads
         out = torch.empty(grid, device="cuda")
@@ -163,6 +184,11 @@ def main() -> None:
             cases = [(f"{n} tokens={t}", lambda n=n, t=t: layout_sections(n, 128, t), t)
                      for _ in range(2) for n in ("fp8-tensor", "fp8-token", "fp8-token/nvfp4", "nvfp4")
                      for t in PAGE_TOKENS]
+        elif args.mode == "scales":
+            cases = [(f"{n} {kind}", lambda n=n, kind=kind: (layout_sections(n, 128) if kind == "v2"
+                                                             else paired_scale_sections(n)), 16)
+                     for _ in range(2) for n in ("fp8-tensor", "fp8-token", "fp8-token/nvfp4") for kind in ("v2", "paired")
+                     if kind == "v2" or n in PAIRED]
         else:
             cases = [(f"{n} {kind}", lambda n=n, kind=kind: (layout_sections(n, 128) if kind == "v2"
                                                              else head_major_sections(n)), 16)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The figures of record on the H200 (docs/benchmarks.md, "Next on the device"): the attention bench
-# twice on 16-token pages, the 16-vs-64-token page sweep, and the bench once on 64-token pages.
+# twice on 16-token pages and once on 64-token pages, then the page walks with no kernel
+# (chunk_reads.py scales and layouts). About four minutes.
 # On any other card it exits at once (status 3), so a call that lands on an H100 costs little, or with
-# "other-card" runs the two benches at 16 and 64 tokens only (the page-size comparison, like for like).
+# "other-card" runs only the walk of paired scale sections (chunk_reads.py scales), under a minute.
 # Usage (device, repo root): OUT=/path bash scripts/gpu/h200_record.sh [other-card]
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -17,9 +18,15 @@ SHAPES=1x32k,32x32k,16x128k,8x32k
 step() {  # step NAME LIMIT_S COMMAND...: run one step under a time limit, output to $OUT/NAME.txt
   local name=$1 limit=$2; shift 2; local t0=$(date +%s)
   timeout "$limit" "$@" > "$OUT/$name.txt" 2>&1; local rc=$?
-  echo "$name: rc $rc in $(( $(date +%s) - t0 )) s"; grep -E "32x32k|vs SDPA|error|Error" "$OUT/$name.txt" | grep -v "^|" | head -14
+  echo "$name: rc $rc in $(( $(date +%s) - t0 )) s"
+  grep -E "^ *32x32k|\"case\"|rror" "$OUT/$name.txt" | head -24
 }
-step attention-16 200 python3 -m kvwire.bench.attention --shapes $SHAPES --out "$OUT/attention-16.json"
-[ $H200 = 1 ] && step pages 150 python3 scripts/gpu/decode_sweep.py pages 32x32k fp8-token/nvfp4,fp8-tensor/nvfp4,nvfp4,fp8-token,fp8-tensor "16 64"
-step attention-64 200 python3 -m kvwire.bench.attention --shapes $SHAPES --page-size 64 --out "$OUT/attention-64.json"
-[ $H200 = 1 ] && step attention-16-run2 200 python3 -m kvwire.bench.attention --shapes $SHAPES --out "$OUT/attention-16-run2.json"
+if [ $H200 = 1 ]; then
+  step attention-16 200 python3 -m kvwire.bench.attention --shapes $SHAPES --out "$OUT/attention-16.json"
+  step attention-64 200 python3 -m kvwire.bench.attention --shapes $SHAPES --page-size 64 --out "$OUT/attention-64.json"
+  step attention-16-run2 200 python3 -m kvwire.bench.attention --shapes $SHAPES --out "$OUT/attention-16-run2.json"
+fi
+step chunk-reads-scales 120 python3 scripts/gpu/chunk_reads.py scales --out "$OUT/chunk-reads-scales.json"
+if [ $H200 = 1 ]; then
+  step chunk-reads-layouts 120 python3 scripts/gpu/chunk_reads.py layouts --out "$OUT/chunk-reads-layouts.json"
+fi

@@ -70,7 +70,15 @@ def test_chunk_reads_layouts_are_the_formats_and_leave_the_format_module_as_it_w
             assert 4 * big_page == formats.PageFormat(formats.KVFormat.parse(name), tokens, 1, 8, 128).page_bytes
             assert len(big_secs) == len(secs) and big_per == sum(4 * c for _, _, c in big_secs)
             assert all(b[2] * 16 == a[2] * tokens for a, b in zip(secs, big_secs) if a[2] > 1)
+    for name in chunk_reads.PAIRED:                 # "scales": the same bytes of each head, interleaved
+        page, secs, per = chunk_reads.layout_sections(name, 128)
+        p_page, p_secs, p_per = chunk_reads.paired_scale_sections(name)
+        i, j = chunk_reads.PAIRED[name]
+        assert (p_page, p_per) == (page, per) and [c for _, _, c in p_secs] == [c for _, _, c in secs]
+        floats = lambda ss: sorted(o + h * st + k for o, st, c in ss for h in range(8) for k in range(c))
+        assert floats([p_secs[i], p_secs[j]]) == floats([secs[i], secs[j]])        # same floats, no overlap
+        assert p_secs[j][0] == p_secs[i][0] + p_secs[i][2] and p_secs[i][1] == p_secs[i][2] + p_secs[j][2]
     r = script("chunk_reads.py", "--help")
-    assert all(kind in r.stdout for kind in ("layouts", "heads", "pages"))
+    assert all(kind in r.stdout for kind in ("layouts", "heads", "pages", "scales"))
     r = script("decode_sweep.py", "--help")
     assert "align" in r.stdout

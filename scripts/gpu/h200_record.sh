@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The figures of record on the H200 (docs/benchmarks.md, "Next on the device"): the attention bench
 # twice on 16-token pages and once on 64-token pages, then the page walks with no kernel
-# (chunk_reads.py scales and layouts). About four minutes.
+# (chunk_reads.py scales and layouts), then the GPU test suite. About six minutes.
 # On any other card it exits at once (status 3), so a call that lands on an H100 costs little, or with
-# "other-card" runs only the walk of paired scale sections (chunk_reads.py scales), under a minute.
+# "other-card" runs only the GPU test suite (about two minutes).
 # Usage (device, repo root): OUT=/path bash scripts/gpu/h200_record.sh [other-card]
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -19,14 +19,14 @@ step() {  # step NAME LIMIT_S COMMAND...: run one step under a time limit, outpu
   local name=$1 limit=$2; shift 2; local t0=$(date +%s)
   timeout "$limit" "$@" > "$OUT/$name.txt" 2>&1; local rc=$?
   echo "$name: rc $rc in $(( $(date +%s) - t0 )) s"
-  grep -E "^ *32x32k|\"case\"|rror" "$OUT/$name.txt" | head -24
+  grep -E "^ *32x32k|\"case\"|^FAILED|^ERROR" "$OUT/$name.txt" | head -24
 }
 if [ $H200 = 1 ]; then
   step attention-16 200 python3 -m kvwire.bench.attention --shapes $SHAPES --out "$OUT/attention-16.json"
   step attention-64 200 python3 -m kvwire.bench.attention --shapes $SHAPES --page-size 64 --out "$OUT/attention-64.json"
   step attention-16-run2 200 python3 -m kvwire.bench.attention --shapes $SHAPES --out "$OUT/attention-16-run2.json"
-fi
-step chunk-reads-scales 120 python3 scripts/gpu/chunk_reads.py scales --out "$OUT/chunk-reads-scales.json"
-if [ $H200 = 1 ]; then
+  step chunk-reads-scales 120 python3 scripts/gpu/chunk_reads.py scales --out "$OUT/chunk-reads-scales.json"
   step chunk-reads-layouts 120 python3 scripts/gpu/chunk_reads.py layouts --out "$OUT/chunk-reads-layouts.json"
 fi
+step gpu-tests 300 python3 -m pytest -q -m gpu tests/kernels tests/kvwire -n 14 -p no:cacheprovider
+tail -3 "$OUT/gpu-tests.txt"

@@ -4,8 +4,8 @@
 # (chunk_reads.py scales and layouts), then the GPU test suite in the rest of the call (below).
 # On any other card it exits at once (status 3), so a call that lands on an H100 costs little, or with
 # "other-card" runs only the GPU test suite (over five minutes on a fresh machine, most of it
-# compiling: session 33's H100 reached 95% in 300 s). The suite gets what is left of CALL_S seconds (default 590: a device call's limit is
-# 600), so a call is not killed before the suite's summary line.
+# compiling: session 33's H100 reached 95% in 300 s). The suite gets what is left of CALL_S seconds
+# (default 590: a device call's limit is 600), so a call is not killed before its summary line.
 # Usage (device, repo root): OUT=/path [CALL_S=590] bash scripts/gpu/h200_record.sh [other-card]
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1

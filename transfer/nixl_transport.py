@@ -13,6 +13,14 @@ notification means all bytes landed and the transfer was not aborted.
 UCX cannot cancel RMA operations already handed to a transport (``ucp_request_cancel`` does not
 apply to them; releasing the request just stops *reporting* them). So abort drains: it waits,
 with backoff sleeps, for the request to finish (bounded by ``abort_grace_s``) before releasing it.
+
+NIXL's UCX progress thread (it completes transfers on transports that need the passive side to
+progress, TCP above all) sleeps in ``poll()`` on the UCX workers' event fds with a timeout of the
+agent's ``pthrDelay``. NIXL's Python wrapper hard-codes that to 0, which makes the thread spin: a
+whole core per agent while idle (measured on this 2-core host: two idle agents took 195% CPU; with
+1 ms, 3%). So the agent is built with ``progress_delay_us`` (``_new_agent``); a transfer still wakes
+the thread at once through the event fds, the delay only bounds how late it can notice one
+without them.
 """
 from __future__ import annotations
 
@@ -42,6 +50,32 @@ def _import_nixl() -> Any:
             "CUDA 13 torch) && pip install --no-deps nixl==1.5.1 (plain `pip install nixl` pulls a CUDA "
             "torch); or use make_transport('inprocess', ...) for single-process runs") from exc
     return _api
+
+
+def _new_agent(api: Any, name: str, progress_delay_us: int) -> Any:
+    """A ``nixl_agent`` (no backend yet) whose progress thread sleeps ``progress_delay_us`` between
+    polls instead of NIXL's 0 (a spin). ``nixl_agent`` gives its C++ agent no way to set the delay,
+    and with no backends it uses that agent only to list plugins, so it gets a new one, configured
+    as ``nixl_agent_config(backends=[])`` configures it but for the delay, before any backend is
+    created. Where this NIXL's wrapper lacks what that needs, the agent is kept as NIXL made it,
+    with a warning."""
+    agent = api.nixl_agent(name, api.nixl_agent_config(backends=[]))
+    bind = getattr(api, "nixlBind", None)
+    try:
+        config = bind.nixlAgentConfig()
+        config.useProgThread = True
+        config.useListenThread = False
+        config.syncMode = api.nixl_thread_sync_t.NIXL_THREAD_SYNC_NONE.value
+        config.pthrDelay = progress_delay_us
+        config.lthrDelay = 100000
+        config.captureTelemetry = False
+        replacement = bind.nixlAgent(name, config)
+    except Exception as exc:
+        log.warning("NIXL agent %r keeps NIXL's progress-thread delay of 0 (the thread spins on a "
+                    "core): this nixl cannot set it (%s)", name, exc)
+        return agent
+    agent.agent = replacement
+    return agent
 
 
 class NixlHandle(TransferHandle):
@@ -90,13 +124,17 @@ class NixlHandle(TransferHandle):
 
 class NixlTransport(Transport):
     """``ucx_config``: UCX settings without the ``UCX_`` prefix, e.g. ``{"TLS": "tcp"}`` to force
-    TCP (values must not contain commas: NIXL splits the list on them)."""
+    TCP (values must not contain commas: NIXL splits the list on them). ``progress_delay_us``: the
+    longest the progress thread sleeps between polls when no event wakes it (module docstring)."""
 
     kind = TransportKind.NIXL
 
     def __init__(self, name: str, *, ucx_config: Mapping[str, str] | None = None,
-                 abort_grace_s: float = 5.0) -> None:
+                 abort_grace_s: float = 5.0, progress_delay_us: int = 1000) -> None:
         super().__init__(name)
+        if not isinstance(progress_delay_us, int) or not 1 <= progress_delay_us <= 1_000_000:
+            raise ValueError(f"progress_delay_us must be an int from 1 to 1000000 (1 s), "
+                             f"not {progress_delay_us!r}: 0 makes NIXL's progress thread spin")
         api = _import_nixl()
         params: dict[str, str] = {}
         if ucx_config:
@@ -105,7 +143,7 @@ class NixlTransport(Transport):
                 raise ValueError(f"ucx_config keys and values cannot contain ',' or '=': {bad}")
             params["engine_config"] = ",".join(f"{k}={v}" for k, v in ucx_config.items())
         self.abort_grace_s = abort_grace_s
-        self._agent = api.nixl_agent(name, api.nixl_agent_config(backends=[]))
+        self._agent = _new_agent(api, name, progress_delay_us)
         try:
             self._agent.create_backend(_BACKEND, params)
         except Exception as exc:

@@ -6,7 +6,9 @@ asynchronously on the progress thread, as RDMA would.
 """
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -81,3 +83,44 @@ def test_push_and_pull_over_tcp(tcp_pair) -> None:
 def test_ucx_config_values_cannot_carry_commas() -> None:
     with pytest.raises(ValueError, match="cannot contain ','"):
         NixlTransport(unique("bad"), ucx_config={"TLS": "tcp,self"})
+
+
+def test_progress_delay_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="makes NIXL's progress thread spin"):
+        NixlTransport(unique("spin"), progress_delay_us=0)
+
+
+def thread_cpu_s(tids: set[str]) -> float:
+    """User + system CPU seconds of these threads of this process (/proc/self/task/TID/stat)."""
+    ticks = 0
+    for tid in tids:
+        try:
+            fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue
+        ticks += int(fields[11]) + int(fields[12])      # utime, stime: fields 14 and 15 of stat
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+def test_idle_agents_leave_the_cpu_alone() -> None:
+    """NIXL's progress thread spins (a core per agent) unless its poll delay is set; two idle agents
+    after a transfer must use a small share of one core between them."""
+    before = set(os.listdir("/proc/self/task"))
+    fmt = big_format()
+    a, b = NixlTransport(unique("idle-a")), NixlTransport(unique("idle-b"))
+    try:
+        a.register_pool(random_pool(fmt, 4, seed=5), fmt)
+        b.register_pool(torch.zeros((4, fmt.page_bytes), dtype=torch.uint8), fmt)
+        a.add_peer(b.handshake())
+        b.add_peer(a.handshake())
+        assert a.write_pages(b.name, [0, 1], [2, 3], deadline_s=10).wait(10) is TransferState.DONE
+        agent_threads = set(os.listdir("/proc/self/task")) - before
+        assert agent_threads, "NIXL started no threads: nothing measured"
+        cpu0, t0 = thread_cpu_s(agent_threads), time.monotonic()
+        time.sleep(2.0)
+        share = (thread_cpu_s(agent_threads) - cpu0) / (time.monotonic() - t0)
+        assert share < 0.25, f"two idle NIXL agents' threads used {share:.0%} of a core"
+    finally:
+        a.close()
+        b.close()

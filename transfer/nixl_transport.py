@@ -17,10 +17,10 @@ with backoff sleeps, for the request to finish (bounded by ``abort_grace_s``) be
 NIXL's UCX progress thread (it completes transfers on transports that need the passive side to
 progress, TCP above all) sleeps in ``poll()`` on the UCX workers' event fds with a timeout of the
 agent's ``pthrDelay``. NIXL's Python wrapper hard-codes that to 0, which makes the thread spin: a
-whole core per agent while idle (measured on this 2-core host: two idle agents took 195% CPU; with
-1 ms, 3%). So the agent is built with ``progress_delay_us`` (``_new_agent``); a transfer still wakes
-the thread at once through the event fds, the delay only bounds how late it can notice one
-without them.
+whole core per agent while idle (on a 2-core CPU host two idle agents took 195% CPU; with 1 ms,
+3%: docs/benchmarks.md). So the agent is built with ``progress_delay_us`` (``_new_agent``); a
+transfer still wakes the thread at once through the event fds, the delay only bounds how late it
+can notice one without them.
 """
 from __future__ import annotations
 
@@ -62,6 +62,8 @@ def _new_agent(api: Any, name: str, progress_delay_us: int) -> Any:
     agent = api.nixl_agent(name, api.nixl_agent_config(backends=[]))
     bind = getattr(api, "nixlBind", None)
     try:
+        if not hasattr(agent, "agent"):
+            raise AttributeError("nixl_agent keeps no C++ agent in .agent")
         config = bind.nixlAgentConfig()
         config.useProgThread = True
         config.useListenThread = False

@@ -23,6 +23,7 @@ class WorkerConfig:
     cuda_graphs: bool = True           # decode steps from CUDA graphs (on a GPU; no effect on the CPU)
     transport: str = "nixl"            # or "inprocess" (single-process runs and tests)
     transfer_deadline_s: float = 30.0
+    transfer_progress_delay_us: int = 1000   # NIXL: its progress thread's longest sleep between polls
     hold_timeout_s: float = 120.0      # prefill: free a manifest's pages if no decode notice by then
 
     def __post_init__(self) -> None:

@@ -26,6 +26,7 @@ not silently fall back to a default). Example (TOML)::
     max_batch = 32             # decode: sequences decoded together at most
     cuda_graphs = true         # decode steps replayed from CUDA graphs (GPU workers; no effect on the CPU)
     transport = "nixl"         # or inprocess (tests)
+    transfer_progress_delay_us = 1000   # NIXL's progress thread: longest sleep between polls (0 spins)
     prefill_resource = "kvwire_prefill"   # optional: custom Ray resources that pin each role
     decode_resource = "kvwire_decode"     # to the nodes that declare them
 """
@@ -64,6 +65,7 @@ class PoolConfig:
     max_batch: int = 32
     cuda_graphs: bool = True
     transport: str = "nixl"
+    transfer_progress_delay_us: int = 1000   # 1-1,000,000; NIXL's own 0 spins a core per worker
     prefill_resource: str | None = None   # a custom Ray resource each prefill worker takes one unit of
     decode_resource: str | None = None    # (pins the roles to node groups, e.g. KubeRay worker groups)
 
@@ -94,6 +96,10 @@ class PoolConfig:
             raise ConfigError(f"pool {self.name}: cuda_graphs must be true or false, got {self.cuda_graphs!r}")
         if self.transport not in ("nixl", "inprocess"):
             raise ConfigError(f"pool {self.name}: transport must be nixl or inprocess, got {self.transport!r}")
+        delay = self.transfer_progress_delay_us
+        if not isinstance(delay, int) or isinstance(delay, bool) or not 1 <= delay <= 1_000_000:
+            raise ConfigError(f"pool {self.name}: transfer_progress_delay_us must be an integer from 1 to "
+                              f"1000000 (1 s), got {delay!r}: 0 would make NIXL's progress thread spin a core")
 
     @property
     def num_gpus(self) -> float | None:

@@ -43,7 +43,8 @@ def worker_config(pool: PoolConfig, name: str) -> WorkerConfig:
     return WorkerConfig(name=name, kv_format=pool.kv_format, model=pool.model, load_format=pool.load_format,
                         model_shape=pool.model_shape, device=pool.device, page_size=pool.page_size,
                         chunk_size=pool.chunk_size, num_pages=pool.num_pages, max_batch=pool.max_batch,
-                        transport=pool.transport, cuda_graphs=pool.cuda_graphs)
+                        transport=pool.transport, cuda_graphs=pool.cuda_graphs,
+                        transfer_progress_delay_us=pool.transfer_progress_delay_us)
 
 
 class WorkerFactory:

@@ -25,7 +25,8 @@ __all__ = [
 def make_transport(kind: str, name: str, **options: object) -> Transport:
     """A transport of ``kind`` ("nixl" or "inprocess") for the agent ``name``.
 
-    ``options`` go to the transport's constructor (NIXL: ``ucx_config``, ``abort_grace_s``).
+    ``options`` go to the transport's constructor (NIXL: ``ucx_config``, ``abort_grace_s``,
+    ``progress_delay_us``).
     """
     try:
         transport_kind = TransportKind(kind)

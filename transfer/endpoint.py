@@ -14,7 +14,8 @@ class WorkerEndpoint:
         self.cfg = cfg
         self.engine, self.tokenizer = build_engine(cfg)
         self.kv = self.engine.kv
-        self.transport = make_transport(cfg.transport, cfg.name)
+        options = {"progress_delay_us": cfg.transfer_progress_delay_us} if cfg.transport == "nixl" else {}
+        self.transport = make_transport(cfg.transport, cfg.name, **options)
         self.transport.register_pool(self.kv.pool.storage, self.engine.page_format)
 
     def handshake(self) -> bytes:

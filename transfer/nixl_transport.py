@@ -52,13 +52,13 @@ def _import_nixl() -> Any:
     return _api
 
 
-def _new_agent(api: Any, name: str, progress_delay_us: int) -> Any:
+def _new_agent(api: Any, name: str, progress_delay_us: int) -> tuple[Any, int]:
     """A ``nixl_agent`` (no backend yet) whose progress thread sleeps ``progress_delay_us`` between
     polls instead of NIXL's 0 (a spin). ``nixl_agent`` gives its C++ agent no way to set the delay,
     and with no backends it uses that agent only to list plugins, so it gets a new one, configured
     as ``nixl_agent_config(backends=[])`` configures it but for the delay, before any backend is
     created. Where this NIXL's wrapper lacks what that needs, the agent is kept as NIXL made it,
-    with a warning."""
+    with a warning. Returns the agent and the delay in effect (0: NIXL's spin)."""
     agent = api.nixl_agent(name, api.nixl_agent_config(backends=[]))
     bind = getattr(api, "nixlBind", None)
     try:
@@ -75,9 +75,9 @@ def _new_agent(api: Any, name: str, progress_delay_us: int) -> Any:
     except Exception as exc:
         log.warning("NIXL agent %r keeps NIXL's progress-thread delay of 0 (the thread spins on a "
                     "core): this nixl cannot set it (%s)", name, exc)
-        return agent
+        return agent, 0
     agent.agent = replacement
-    return agent
+    return agent, progress_delay_us
 
 
 class NixlHandle(TransferHandle):
@@ -127,7 +127,8 @@ class NixlHandle(TransferHandle):
 class NixlTransport(Transport):
     """``ucx_config``: UCX settings without the ``UCX_`` prefix, e.g. ``{"TLS": "tcp"}`` to force
     TCP (values must not contain commas: NIXL splits the list on them). ``progress_delay_us``: the
-    longest the progress thread sleeps between polls when no event wakes it (module docstring)."""
+    longest the progress thread sleeps between polls when no event wakes it (module docstring);
+    the attribute of that name is the delay in effect (0 where this NIXL could not set it)."""
 
     kind = TransportKind.NIXL
 
@@ -145,7 +146,7 @@ class NixlTransport(Transport):
                 raise ValueError(f"ucx_config keys and values cannot contain ',' or '=': {bad}")
             params["engine_config"] = ",".join(f"{k}={v}" for k, v in ucx_config.items())
         self.abort_grace_s = abort_grace_s
-        self._agent = _new_agent(api, name, progress_delay_us)
+        self._agent, self.progress_delay_us = _new_agent(api, name, progress_delay_us)
         try:
             self._agent.create_backend(_BACKEND, params)
         except Exception as exc:

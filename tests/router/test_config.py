@@ -63,6 +63,8 @@ def test_defaults_serve_smollm2_bf16():
     ({"router": {"metrics_port": True}}, ["metrics_port"]),
     ({"pools": [{"name": "p", "gpus_per_worker": "two"}]}, ["gpus_per_worker"]),
     ({"pools": [{"name": "p", "transport": "tcp"}]}, ["transport"]),
+    ({"pools": [{"name": "p", "transfer_progress_delay_us": 0}]}, ["transfer_progress_delay_us", "spin"]),
+    ({"pools": [{"name": "p", "transfer_progress_delay_us": 1.5}]}, ["transfer_progress_delay_us"]),
     ({"pools": []}, ["at least one pool"]),
 ])
 def test_mistakes_name_the_key(data, words):

@@ -85,6 +85,26 @@ def test_ucx_config_values_cannot_carry_commas() -> None:
         NixlTransport(unique("bad"), ucx_config={"TLS": "tcp,self"})
 
 
+def test_a_pools_progress_delay_reaches_its_workers_agents() -> None:
+    """`transfer_progress_delay_us` in a pool's config is the delay its workers' agents run with."""
+    from router.config import PoolConfig
+    from router.workers import worker_config
+    from transfer.endpoint import WorkerEndpoint
+
+    pool = PoolConfig("delay", load_format="dummy", model_shape="smollm2-135m", device="cpu", num_pages=8,
+                      transfer_progress_delay_us=50_000)
+    endpoint = WorkerEndpoint(worker_config(pool, unique("delay-worker")))
+    try:
+        assert endpoint.transport.progress_delay_us == 50_000
+    finally:
+        endpoint.transport.close()
+    default = NixlTransport(unique("default-delay"))
+    try:
+        assert default.progress_delay_us == 1000
+    finally:
+        default.close()
+
+
 def test_progress_delay_must_be_positive() -> None:
     with pytest.raises(ValueError, match="makes NIXL's progress thread spin"):
         NixlTransport(unique("spin"), progress_delay_us=0)

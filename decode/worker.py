@@ -2,7 +2,10 @@
 
 Admission: the manifest is fully validated (format hash, page ids, lengths) before a byte
 moves; then pages and a tail slot are reserved (waiting, not failing, while the pool or the
-batch is full). Push (the default, measured faster: docs/benchmarks.md): the prefill worker
+batch is full). A request is admitted only when the pool can also hold every page it may grow
+to (prompt + ``max_tokens``, within the context) on top of what the admitted requests may still
+grow to, so a running batch never runs out of pages mid-stream (TensorRT-LLM calls this policy
+"guaranteed no evict"); a request that could not fit in the whole pool is refused at once. Push (the default, measured faster: docs/benchmarks.md): the prefill worker
 WRITEs into the reserved pages, then ``activate``. Pull: ``admit`` READs them from the prefill
 worker's pool, and the transport's notice tells the prefill side it may free them. Every step decodes one token for every running
 request; requests join and leave between steps. Finished, failed and aborted requests free
@@ -18,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kvwire.kv_cache import SequenceKV
+from kvwire.page_pool import CapacityError, NoRoomError
 from kvwire.runner import Segment
 from kvwire.sampling import Sampler, SamplingParams, sample_rows
 from kvwire.worker_config import WorkerConfig
@@ -48,6 +52,7 @@ class _Request:
     sampler: Sampler
     last_token: int
     generated: int
+    max_pages: int                  # pages it holds once at max_tokens or the context (admission)
     out: "queue.Queue[int | str]" = field(default_factory=queue.Queue)   # tokens, then a finish reason
 
 
@@ -56,7 +61,7 @@ class DecodeWorker(WorkerEndpoint):
         super().__init__(cfg)
         self._running: dict[str, _Request] = {}
         self._finished: dict[str, _Request] = {}     # done, final reason not yet read (insertion order)
-        self._reserved: dict[str, tuple] = {}      # rid -> (manifest, pages, tail slot, params)
+        self._reserved: dict[str, tuple] = {}      # rid -> (manifest, pages, tail slot, params, max pages)
         self._lock = threading.Lock()              # pool, tails, runner and the request maps
         self._changed = threading.Condition(self._lock)
         # Token output has its own condition: pollers must not queue for the lock the decode loop
@@ -92,9 +97,10 @@ class DecodeWorker(WorkerEndpoint):
         self._check_scales(m)
         if m.sender not in self.transport.peers:
             raise ManifestError(f"manifest sender {m.sender!r} is not a connected peer of {self.cfg.name}")
-        pages, slot = self._reserve(m.request_id, len(m.page_ids), timeout_s)
+        max_pages = self._max_pages(m.num_tokens, len(m.page_ids), params)
+        pages, slot = self._reserve(m.request_id, len(m.page_ids), max_pages, timeout_s)
         with self._lock:
-            self._reserved[m.request_id] = (m, pages, slot, params)
+            self._reserved[m.request_id] = (m, pages, slot, params, max_pages)
         return {"request_id": m.request_id, "pages": pages}
 
     def cancel(self, rid: str) -> bool:
@@ -112,10 +118,10 @@ class DecodeWorker(WorkerEndpoint):
             res = self._reserved.pop(rid, None)
         if res is None:
             raise KeyError(f"no reservation {rid!r} on {self.cfg.name}")
-        m, pages, slot, params = res
+        m, pages, slot, params, max_pages = res
         seq = SequenceKV(pages=pages, tail_slot=slot, num_tokens=m.num_tokens)
         tail = m.tail_tensor().to(self.kv.device)
-        req = _Request(m.request_id, seq, params, Sampler(params), m.first_token, 1)
+        req = _Request(m.request_id, seq, params, Sampler(params), m.first_token, 1, max_pages)
         req.out.put(m.first_token)
         reason = self.engine.finish_reason(m.first_token, 1, m.num_tokens + 1, params)
         with self._lock:
@@ -153,17 +159,32 @@ class DecodeWorker(WorkerEndpoint):
             raise ManifestError(f"manifest {m.request_id} carries static scales that differ from "
                                 f"{self.cfg.name}'s calibration: pools of one format must share scales")
 
-    def _reserve(self, rid: str, num_pages: int, timeout_s: float) -> tuple[list[int], int]:
-        """Pages and a tail slot; waits (queues) while the pool or the batch is full."""
+    def _max_pages(self, num_tokens: int, num_pages: int, params: SamplingParams) -> int:
+        """Pages a request holds at its longest: the K/V of prompt + max_tokens - 1 tokens (the last
+        sampled token is never written), capped by the context, less the bf16 tail page."""
+        longest = min(num_tokens + params.max_tokens - 1, self.engine.max_context)
+        return max(num_pages, (longest - 1) // self.cfg.page_size)
+
+    def _growth_promised(self) -> int:
+        """Pages the admitted requests may still take (caller holds the lock)."""
+        running = sum(max(0, r.max_pages - len(r.seq.pages)) for r in self._running.values())
+        return running + sum(res[4] - len(res[1]) for res in self._reserved.values())
+
+    def _reserve(self, rid: str, num_pages: int, max_pages: int, timeout_s: float) -> tuple[list[int], int]:
+        """Pages and a tail slot; waits (queues) while the pool or the batch is full (module docstring)."""
+        if max_pages > self.kv.pool.num_pages:
+            raise CapacityError(f"request {rid} may grow to {max_pages} pages (prompt and max_tokens); "
+                                f"{self.cfg.name} has {self.kv.pool.num_pages} in all (num_pages)")
         deadline = time.monotonic() + timeout_s
         with self._lock:
             if rid in self._running or rid in self._reserved:
                 raise ValueError(f"request {rid!r} is already running on {self.cfg.name}")
-            while not (self.kv.pool.can_allocate(num_pages + len(self._running) + 1)
+            while not (self.kv.pool.can_allocate(max_pages + self._growth_promised())
                        and len(self._running) < self.cfg.max_batch and self.kv.tails.free_slots > 0):
                 left = deadline - time.monotonic()
                 if left <= 0 or self._stop:
-                    raise AdmissionError(f"{self.cfg.name} had no room for {num_pages} pages within {timeout_s:.0f} s")
+                    raise NoRoomError(f"{self.cfg.name} had no room for {max_pages} pages (prompt and "
+                                         f"max_tokens) within {timeout_s:.0f} s")
                 self._changed.wait(left)
             return self.kv.pool.allocate(num_pages), self.kv.tails.allocate()
 
@@ -262,7 +283,7 @@ class DecodeWorker(WorkerEndpoint):
             for req in list(self._running.values()):
                 self._finish(req, "aborted")
             self._running.clear()
-            for _m, pages, slot, _p in self._reserved.values():
+            for _m, pages, slot, _p, _max in self._reserved.values():
                 self.engine.runner.release(SequenceKV(pages=pages, tail_slot=slot))
             self._reserved.clear()
             self._notify()

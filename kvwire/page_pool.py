@@ -30,6 +30,15 @@ class OutOfPagesError(RuntimeError):
     """Not enough free or evictable pages for an allocation."""
 
 
+class NoRoomError(OutOfPagesError):
+    """A worker's pages were not freed for a request within its wait (the pool is busy, not too small)."""
+
+
+class CapacityError(ValueError):
+    """A request needs more pages than the whole pool holds: waiting for pages to be freed cannot
+    help, so it is refused at once with both numbers (a caller's error, not the worker's)."""
+
+
 @dataclass(frozen=True)
 class PoolCounters:
     total: int

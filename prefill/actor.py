@@ -19,6 +19,23 @@ def default_num_gpus(cfg: WorkerConfig) -> float:
     return 1.0 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
 
 
+PROMPT_THREADS = 8    # prefill calls at once (they queue for one forward at a time, or wait for pages)
+
+
+@ray.remote(concurrency_groups={"prompts": PROMPT_THREADS})
+class PrefillActor(PrefillWorker):
+    """Prefill calls run in their own concurrency group: prompts waiting for pages must not take
+    the threads that ``push`` and ``release`` (which free those pages) and the probes run on."""
+
+    @ray.method(concurrency_group="prompts")
+    def prefill_request(self, *args, **kwargs) -> dict:
+        return super().prefill_request(*args, **kwargs)
+
+    @ray.method(concurrency_group="prompts")
+    def prefill(self, *args, **kwargs) -> bytes:
+        return super().prefill(*args, **kwargs)
+
+
 def start_prefill_actor(cfg: WorkerConfig, num_gpus: float | None = None, **options):
     gpus = default_num_gpus(cfg) if num_gpus is None else num_gpus
-    return ray.remote(PrefillWorker).options(num_gpus=gpus, max_concurrency=8, **options).remote(cfg)
+    return PrefillActor.options(num_gpus=gpus, max_concurrency=8, **options).remote(cfg)

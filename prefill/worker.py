@@ -3,6 +3,11 @@
 A request's pages stay held after ``prefill`` returns, until the decode side's notice says it
 has them (``transfer.manifest.done_notice``, delivered by the transport after the last byte landed), an
 explicit ``release``, or ``hold_timeout_s`` (a decode worker that died never answers).
+
+A prompt waits (up to ``wait_s``) while the pool is short of pages that held requests will free;
+one that needs more pages than the pool has is refused at once (``CapacityError``). The lock is
+held through a whole prefill (seconds for a long prompt), so the probes the router sends meanwhile
+(``counters``, ``cached_prefix_pages``) read without it.
 """
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ import time
 from dataclasses import dataclass
 
 from kvwire.kv_cache import SequenceKV
-from kvwire.page_pool import page_chain_hashes
+from kvwire.page_pool import CapacityError, NoRoomError, page_chain_hashes
 from kvwire.sampling import Sampler, SamplingParams
 from kvwire.worker_config import WorkerConfig
 from transfer.base import TransferError
@@ -30,6 +35,7 @@ class PrefillWorker(WorkerEndpoint):
         super().__init__(cfg)
         self._held: dict[str, _Held] = {}
         self._lock = threading.Lock()
+        self._freed = threading.Condition(self._lock)     # pages were released: waiting prompts look again
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch_notices, name=f"{cfg.name}-notices", daemon=True)
         self._thread.start()
@@ -39,22 +45,33 @@ class PrefillWorker(WorkerEndpoint):
         """How many of the prompt's leading full pages this worker's prefix cache holds (routing affinity)."""
         p = self.cfg.page_size
         hashes = page_chain_hashes(self.engine.page_format.hash, list(prompt_ids), p)[:(len(prompt_ids) - 1) // p]
-        with self._lock:
-            return self.kv.pool.cached_prefix_length(hashes)
+        return self.kv.pool.cached_prefix_length(hashes)    # no lock: a probe must not wait out a prefill
 
     def prefill(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> bytes:
         """Prefill, sample the first token, and return the manifest (msgpack bytes)."""
         return self.prefill_request(request_id, prompt_ids, params)["manifest"]
 
-    def prefill_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> dict:
-        """Prefill and sample the first token: {"manifest": bytes, "prefix_pages_reused": int}."""
-        with self._lock:
-            if request_id in self._held:
-                raise ValueError(f"request {request_id!r} is already held by {self.cfg.name}")
+    def prefill_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                        wait_s: float = 60.0) -> dict:
+        """Prefill and sample the first token: {"manifest": bytes, "prefix_pages_reused": int}.
+
+        Waits up to ``wait_s`` for the pages; raises CapacityError if the pool can never hold them,
+        NoRoomError if they were not freed in time.
+        """
         self.engine.validate(prompt_ids, params)
+        needed = (len(prompt_ids) - 1) // self.cfg.page_size      # full pages; the tail page stays bf16
+        if needed > self.kv.pool.num_pages:
+            raise CapacityError(f"a prompt of {len(prompt_ids)} tokens needs {needed} pages; {self.cfg.name} "
+                                f"has {self.kv.pool.num_pages} in all (num_pages)")
         seq = SequenceKV()
         try:
             with self._lock:  # one forward at a time: the runner is not thread-safe
+                if request_id in self._held:
+                    raise ValueError(f"request {request_id!r} is already held by {self.cfg.name}")
+                if not self._freed.wait_for(self._room_for(needed), wait_s):
+                    raise NoRoomError(f"{self.cfg.name} had no room for {needed} pages and a tail page within "
+                                          f"{wait_s:.0f} s ({len(self._held)} requests hold pages awaiting "
+                                          f"their transfer)")
                 logits = self.engine.prefill(seq, list(prompt_ids))
                 first = Sampler(params)(logits)
                 manifest = Manifest.from_tensors(
@@ -66,8 +83,13 @@ class PrefillWorker(WorkerEndpoint):
         except BaseException:
             with self._lock:
                 self.engine.runner.release(seq)
+                self._freed.notify_all()
             raise
         return {"manifest": manifest.encode(), "prefix_pages_reused": seq.prefix_pages_reused}
+
+    def _room_for(self, pages: int):
+        """The wait condition of a prompt needing ``pages`` (caller holds the lock when it is called)."""
+        return lambda: self.kv.pool.can_allocate(pages) and self.kv.tails.free_slots > 0
 
     def push(self, request_id: str, peer: str, remote_pages: list[int], deadline_s: float | None = None) -> dict:
         """Push mode: WRITE a held request's pages into ``peer``'s reserved pages, then free ours.
@@ -100,14 +122,15 @@ class PrefillWorker(WorkerEndpoint):
             held = self._held.pop(request_id, None)
             if held is not None:
                 self.engine.runner.release(held.seq)
+                self._freed.notify_all()
         return held is not None
 
     def counters(self) -> dict:
-        with self._lock:
-            c = self.kv.pool.counters()
-            return {"worker": self.cfg.name, "role": "prefill", "format": self.engine.page_format.name,
-                    "pages_in_use": c.used, "pages_cached": c.cached, "pages_free": c.free + c.evictable,
-                    "requests_held": len(self._held)}
+        """A snapshot read without the lock (module docstring), so it answers during a prefill."""
+        c = self.kv.pool.counters()
+        return {"worker": self.cfg.name, "role": "prefill", "format": self.engine.page_format.name,
+                "pages_in_use": c.used, "pages_cached": c.cached, "pages_free": c.free + c.evictable,
+                "requests_held": len(self._held)}
 
     def shutdown(self) -> None:
         self._stop.set()

@@ -9,23 +9,53 @@ exit (done, failed, cancelled by the client or its deadline), both sides free wh
 from __future__ import annotations
 
 import asyncio
+import enum
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 import ray
 
+from kvwire.page_pool import CapacityError, NoRoomError
 from kvwire.sampling import SamplingParams
 from router.pool import WorkerPool
 from router.workers import Worker
+
+log = logging.getLogger("kvwire.router")
+
+
+class Failure(enum.Enum):
+    """What kind of failure a RequestError is, for the status code the client gets."""
+
+    WORKER = "worker"            # a worker failed: INTERNAL
+    TOO_LARGE = "too_large"      # more pages than a worker has in all: INVALID_ARGUMENT
+    NO_ROOM = "no_room"          # pages not freed within the wait: RESOURCE_EXHAUSTED
 
 
 class RequestError(RuntimeError):
     """The request failed on the workers; ``retryable`` says whether another attempt may succeed."""
 
-    def __init__(self, message: str, retryable: bool = False) -> None:
+    def __init__(self, message: str, retryable: bool = False, failure: Failure = Failure.WORKER) -> None:
         super().__init__(message)
         self.retryable = retryable
+        self.failure = failure
+
+
+def _worker_error(what: str, exc: BaseException) -> RequestError:
+    """A RequestError for a call a worker raised from: the worker's own message in one line (the
+    Ray traceback goes to the router's log, not to the client), and the kind of failure."""
+    cause = getattr(exc, "cause", None) if isinstance(exc, ray.exceptions.RayTaskError) else None
+    if isinstance(cause, BaseException):
+        log.info("%s: %s", what, exc)
+        exc = cause
+    if isinstance(exc, CapacityError):
+        failure = Failure.TOO_LARGE
+    elif isinstance(exc, NoRoomError):
+        failure = Failure.NO_ROOM
+    else:
+        failure = Failure.WORKER
+    return RequestError(f"{what}: {type(exc).__name__}: {exc}", failure=failure)
 
 
 @dataclass
@@ -96,12 +126,12 @@ async def _hand_over(pool: WorkerPool, rid: str, prompt_ids: list[int], params: 
     prefill.inflight += 1
     try:
         try:
-            result = await _call(prefill.actor.prefill_request.remote(rid, prompt_ids, params), [release])
+            result = await _call(prefill.actor.prefill_request.remote(rid, prompt_ids, params, wait_s), [release])
         except Exception as exc:
             if _dead(exc):
                 pool.worker_died(prefill)
                 raise RequestError(f"prefill worker {prefill.name} died during prefill", retryable=True) from exc
-            raise RequestError(f"prefill on {prefill.name} failed: {exc}") from exc
+            raise _worker_error(f"prefill on {prefill.name} failed", exc) from exc
         stats.prefix_pages_reused = result["prefix_pages_reused"]
         try:
             decode = await pool.choose_decode(wait_s)
@@ -113,7 +143,7 @@ async def _hand_over(pool: WorkerPool, rid: str, prompt_ids: list[int], params: 
                 if _dead(exc):
                     pool.worker_died(decode)
                     raise RequestError(f"decode worker {decode.name} died during admission", retryable=True) from exc
-                raise RequestError(f"admission on {decode.name} failed: {exc}") from exc
+                raise _worker_error(f"admission on {decode.name} failed", exc) from exc
             try:
                 pushed = await _call(prefill.actor.push.remote(rid, decode.agent, reserved["pages"]), [cancel])
             except Exception as exc:
@@ -122,7 +152,7 @@ async def _hand_over(pool: WorkerPool, rid: str, prompt_ids: list[int], params: 
                     pool.worker_died(prefill)
                     raise RequestError(f"prefill worker {prefill.name} died during the transfer",
                                        retryable=True) from exc
-                raise RequestError(f"transfer {prefill.name} -> {decode.name} failed: {exc}") from exc
+                raise _worker_error(f"transfer {prefill.name} -> {decode.name} failed", exc) from exc
             stats.wire_bytes, stats.wire_bf16_bytes = pushed["compact_bytes"], pushed["bf16_bytes"]
             try:
                 await _call(decode.actor.activate.remote(rid), [lambda: decode.actor.abort.remote(rid)])

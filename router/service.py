@@ -1,8 +1,10 @@
 """The kvwire.v1.Router gRPC service: validation, admission, pool choice, streaming, stats.
 
 Status codes: INVALID_ARGUMENT for anything the caller can fix (the message says what is
-allowed), RESOURCE_EXHAUSTED when the queue is full, UNAVAILABLE when a pool has no live
-worker, DEADLINE_EXCEEDED past the deadline, INTERNAL when a worker failed and retries ran out.
+allowed; also a request needing more KV pages than a worker has in all), ALREADY_EXISTS for a
+request_id already in flight, RESOURCE_EXHAUSTED when the queue is full or a worker's pages were
+not freed within the request's deadline, UNAVAILABLE when a pool has no live worker,
+DEADLINE_EXCEEDED past the deadline, INTERNAL when a worker failed and retries ran out.
 """
 from __future__ import annotations
 
@@ -22,9 +24,11 @@ from router.api import router_pb2_grpc as pb_grpc
 from router.config import ServeConfig
 from router.metrics import RouterMetrics
 from router.pool import NoWorkerError, WorkerPool
-from router.request import RequestError, RequestStats, run_request
+from router.request import Failure, RequestError, RequestStats, run_request
 
 DEFAULT_MAX_TOKENS = 64
+_STATUS = {Failure.WORKER: grpc.StatusCode.INTERNAL, Failure.TOO_LARGE: grpc.StatusCode.INVALID_ARGUMENT,
+           Failure.NO_ROOM: grpc.StatusCode.RESOURCE_EXHAUSTED}
 
 
 class InvalidArgument(ValueError):
@@ -83,6 +87,7 @@ class RouterService(pb_grpc.RouterServicer):
         self.tokenizers = tokenizers          # by pool name
         self.metrics = metrics
         self.admission = Admission(config.router.max_inflight, config.router.max_queue, metrics)
+        self._active: set[str] = set()       # request ids in flight: a worker keys its pages by them
 
     # ---- validation ----
     def _pool(self, req: pb.GenerateRequest) -> WorkerPool:
@@ -146,6 +151,12 @@ class RouterService(pb_grpc.RouterServicer):
             self.metrics.requests.labels(request.pool or "-", "invalid").inc()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         pool, name = prep.pool, prep.pool.cfg.name
+        if prep.request_id in self._active:
+            self.metrics.requests.labels(name, "invalid").inc()
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS,
+                                f"request_id {prep.request_id!r} is already in flight; give each request its own "
+                                "(or none: the router makes one)")
+        self._active.add(prep.request_id)
         outcome = "failed"
         try:
             async with self.admission.slot():
@@ -161,11 +172,14 @@ class RouterService(pb_grpc.RouterServicer):
         except NoWorkerError as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         except RequestError as exc:
-            await context.abort(grpc.StatusCode.INTERNAL, str(exc))
+            if exc.failure is not Failure.WORKER:
+                outcome = "rejected"
+            await context.abort(_STATUS[exc.failure], str(exc))
         except asyncio.CancelledError:
             outcome = "cancelled"
             raise
         finally:
+            self._active.discard(prep.request_id)
             self.metrics.requests.labels(name, outcome).inc()
             totals = pool.totals
             setattr(totals, f"requests_{outcome}", getattr(totals, f"requests_{outcome}") + 1)
@@ -218,11 +232,12 @@ class RouterService(pb_grpc.RouterServicer):
     async def _workers(self, pool: WorkerPool) -> list[pb.WorkerInfo]:
         out = []
         for w, c in await pool.worker_counters():
+            if c is not None:      # no answer: leave the gauge at its last reading rather than zero it
+                self.metrics.pages_in_use.labels(pool.cfg.name, w.name, w.role.value).set(c["pages_in_use"])
             c = c or {}
             out.append(pb.WorkerInfo(name=w.name, role=w.role.value, alive=c != {} and w.alive,
                                      pages_in_use=c.get("pages_in_use", 0), pages_free=c.get("pages_free", 0),
                                      requests=c.get("running", c.get("requests_held", 0))))
-            self.metrics.pages_in_use.labels(pool.cfg.name, w.name, w.role.value).set(c.get("pages_in_use", 0))
         return out
 
     async def ListPools(self, request: pb.ListPoolsRequest, context: grpc.aio.ServicerContext) -> pb.ListPoolsResponse:

@@ -1,0 +1,62 @@
+"""A prefill worker short of pages: a prompt waits for the pages held requests free (and says so
+when they are not freed in time), one larger than the pool is refused at once, and the probes the
+router sends answer while a prefill holds the worker's lock. Plain classes, random weights."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from kvwire.page_pool import CapacityError, NoRoomError
+from kvwire.sampling import SamplingParams
+from kvwire.worker_config import WorkerConfig
+from prefill.worker import PrefillWorker
+
+PARAMS = SamplingParams(max_tokens=4)
+
+
+@pytest.fixture
+def worker():
+    w = PrefillWorker(WorkerConfig(f"pages-{time.monotonic_ns()}", "fp8-token", load_format="dummy",
+                                   model_shape="smollm2-135m", device="cpu", transport="inprocess", num_pages=10))
+    yield w
+    w.shutdown()
+
+
+def prompt(n: int, seed: int) -> list[int]:
+    return torch.randint(1, 49152, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def test_a_prompt_waits_for_held_pages(worker):
+    worker.prefill_request("a", prompt(100, 1), PARAMS)                    # holds 6 of the 10 pages
+    with pytest.raises(NoRoomError, match="no room for 6 pages"):
+        worker.prefill_request("b", prompt(100, 2), PARAMS, wait_s=0.3)
+    got: dict = {}
+    waiter = threading.Thread(target=lambda: got.update(b=worker.prefill_request("b", prompt(100, 2), PARAMS, 60)))
+    waiter.start()
+    time.sleep(0.5)
+    assert not got and waiter.is_alive()                                  # still waiting for pages
+    assert worker.release("a")
+    waiter.join(60)
+    assert got["b"]["manifest"] and worker.counters()["requests_held"] == 1
+    assert worker.release("b") and worker.counters()["pages_in_use"] == 0
+
+
+def test_a_prompt_larger_than_the_pool_is_refused_at_once(worker):
+    t0 = time.monotonic()
+    with pytest.raises(CapacityError, match="a prompt of 300 tokens needs 18 pages; .* has 10 in all"):
+        worker.prefill_request("big", prompt(300, 3), PARAMS, wait_s=30)
+    assert time.monotonic() - t0 < 5 and worker.counters()["pages_in_use"] == 0
+
+
+def test_probes_answer_while_a_prefill_holds_the_lock(worker):
+    answers: list = []
+    with worker._lock:                                 # what a long prefill does for its whole forward
+        probe = threading.Thread(target=lambda: answers.extend([worker.counters(),
+                                                                worker.cached_prefix_pages(prompt(40, 4))]))
+        probe.start()
+        probe.join(5)
+        assert not probe.is_alive(), "counters / cached_prefix_pages waited for the prefill lock"
+    assert answers[0]["pages_free"] == 10 and answers[1] == 0

@@ -1,9 +1,12 @@
 """Token sampling: greedy, temperature and nucleus (top-p), reproducible with a seed."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
+
+MAX_SEED = 2**64 - 1      # torch.Generator.manual_seed's (and the router proto's uint64) largest seed
 
 
 @dataclass(frozen=True)
@@ -15,12 +18,17 @@ class SamplingParams:
     stop_at_eos: bool = True
 
     def __post_init__(self) -> None:
+        """Refuse here what would otherwise fail inside a worker mid-request: NaN passes ``< 0``, so the
+        temperature must be finite (top_p's range test already fails NaN and inf), and the seed must fit
+        torch's generator."""
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"seed must be between 0 and {MAX_SEED}, got {self.seed}")
 
 
 class Sampler:
@@ -38,13 +46,20 @@ class Sampler:
         p = self.params
         if p.temperature == 0:
             return int(torch.argmax(logits))
-        probs = torch.softmax(logits.float().cpu() / p.temperature, dim=-1)
+        probs = torch.softmax(_scaled(logits.float().cpu(), p.temperature), dim=-1)
         if p.top_p < 1:
             sorted_p, order = torch.sort(probs, descending=True)
             keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < p.top_p
             sorted_p = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
             return int(order[torch.multinomial(sorted_p, 1, generator=self.generator)])
         return int(torch.multinomial(probs, 1, generator=self.generator))
+
+
+def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``logits / temperature`` shifted so the largest is 0 (softmax is unchanged by the shift). A tiny
+    temperature then sends the others to -inf rather than every logit to +-inf, whose softmax is NaN;
+    dividing in float64 keeps a temperature below float32's smallest (1e-50) from rounding to 0."""
+    return ((logits - logits.max()).double() / temperature).float()
 
 
 def sample_rows(samplers: list[Sampler], logits: torch.Tensor) -> list[int]:

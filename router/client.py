@@ -4,7 +4,8 @@
         done = client.complete("The capital of France is", max_tokens=16, kv_format="nvfp4")
         print(done.text, done.finished.wire_bytes)
 
-Errors come back as ``grpc.RpcError`` with the router's status code and message.
+Errors come back as ``grpc.RpcError`` with the router's status code and message; a value the
+request message cannot carry (a negative max_tokens or seed, say) raises ValueError before sending.
 """
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ import grpc
 
 from router.api import router_pb2 as pb
 from router.api import router_pb2_grpc as pb_grpc
+
+MAX_TOKENS_LIMIT = 2**32 - 1      # max_tokens is a uint32 on the wire
+SEED_LIMIT = 2**64 - 1            # seed is a uint64
 
 
 @dataclass
@@ -49,6 +53,11 @@ class RouterClient:
                 pool: str = "", max_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
                 seed: int | None = None, chat: bool = False, request_id: str = "",
                 ignore_eos: bool = False) -> pb.GenerateRequest:
+        """The request message. max_tokens must be at least 1: on the wire 0 means the router's default
+        (64), which leaving max_tokens out already gives here, so an explicit 0 is a mistake, refused."""
+        _check_range("max_tokens", max_tokens, 1, MAX_TOKENS_LIMIT)
+        if seed is not None:
+            _check_range("seed", seed, 0, SEED_LIMIT)
         req = pb.GenerateRequest(prompt=prompt or "", prompt_ids=list(prompt_ids or []), kv_format=kv_format,
                                  pool=pool, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                                  chat=chat, request_id=request_id, ignore_eos=ignore_eos)
@@ -79,3 +88,9 @@ class RouterClient:
 
     def stats(self, timeout_s: float = 30.0) -> pb.StatsResponse:
         return self._stub.Stats(pb.StatsRequest(), timeout=timeout_s)
+
+
+def _check_range(name: str, value: int, low: int, high: int) -> None:
+    """Name the field and its range; protobuf alone raises a bare "Value out of range: -1"."""
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be between {low} and {high}, got {value}")

@@ -7,8 +7,10 @@ asyncio loop in a background thread; ``stop()`` ends requests, shuts the workers
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
+import socket
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -29,6 +31,7 @@ from router.service import RouterService
 log = logging.getLogger("kvwire.router")
 SERVICE_NAME = router_pb2.DESCRIPTOR.services_by_name["Router"].full_name
 LOCAL_RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+IN_USE = "already in use (another kvwire serve?)"
 
 
 def start_local_ray(num_workers: int) -> None:
@@ -84,6 +87,7 @@ class RunningRouter:
 def start_router(config: ServeConfig, ray_address: str | None = None,
                  progress: Callable[[str], None] = lambda msg: log.info(msg)) -> RunningRouter:
     """Start Ray (unless connected already), every pool's workers and the gRPC server; return once serving."""
+    check_ports_free(config)
     owns_ray = False
     if not ray.is_initialized():
         workers = sum(p.prefill_workers + p.decode_workers for p in config.pools)
@@ -123,6 +127,43 @@ def start_router(config: ServeConfig, ray_address: str | None = None,
                          holder["stop"])
 
 
+def check_ports_free(config: ServeConfig) -> None:
+    """Raise OSError now if the gRPC or metrics port is taken, rather than after Ray's start-up (~17 s).
+
+    Port 0 (the OS picks) and "any" need no check. A port can still be taken in the gap before the
+    server binds it; ``_listen`` reports that with the same message.
+    """
+    rc = config.router
+    for what, port in (("gRPC", rc.port), ("metrics", rc.metrics_port)):
+        if isinstance(port, int) and port:
+            _try_bind(what, rc.host, port)
+
+
+def _try_bind(what: str, host: str, port: int) -> None:
+    """Bind host:port briefly as the servers do (SO_REUSEADDR, so a TIME_WAIT leftover is no conflict)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+    except OSError as exc:
+        reason = IN_USE if exc.errno == errno.EADDRINUSE else exc.strerror or str(exc)
+        raise OSError(f"cannot listen for {what} on {host}:{port}: {reason}") from exc
+
+
+def _listen(server: grpc.aio.Server, host: str, port: int) -> int:
+    """The port the server bound. grpcio raises RuntimeError on failure (older releases returned 0)."""
+    message = f"cannot listen for gRPC on {host}:{port}: {IN_USE}, or not an address of this host"
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError as exc:
+        raise OSError(message) from exc
+    if bound == 0:
+        raise OSError(message)
+    return bound
+
+
 async def _serve(config: ServeConfig, progress: Callable[[str], None], ready: Future, holder: dict) -> None:
     stop = asyncio.Event()
     holder["stop"] = stop
@@ -148,9 +189,7 @@ async def _serve(config: ServeConfig, progress: Callable[[str], None], ready: Fu
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
         rc = config.router
-        port = server.add_insecure_port(f"{rc.host}:{rc.port}")
-        if port == 0:
-            raise OSError(f"cannot listen on {rc.host}:{rc.port} (in use?)")
+        port = _listen(server, rc.host, rc.port)
         await server.start()
         for name in ("", SERVICE_NAME):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

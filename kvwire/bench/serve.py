@@ -18,7 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--router", metavar="HOST:PORT", help="a running `kvwire serve` (default: start one here)")
-    parser.add_argument("--kv-formats", default="bf16,nvfp4", help="comma-separated formats (default bf16,nvfp4)")
+    parser.add_argument("--kv-formats", help="comma-separated formats (default: with --router, every format it "
+                        "serves; without, bf16,nvfp4)")
     parser.add_argument("--concurrency", type=int, default=8, help="clients in the closed loop (default 8)")
     parser.add_argument("--requests", type=int, default=32, help="requests per format (default 32)")
     parser.add_argument("--prompt-tokens", type=int, default=512, help="prompt length in tokens (default 512)")
@@ -51,6 +52,7 @@ def _load(target: str, fmt: str, args: argparse.Namespace) -> dict:
     lock = threading.Lock()
     rows: list[dict] = []
     errors: dict[str, int] = {}
+    messages: dict[str, str] = {}           # the first message of each status code
     next_index = iter(range(args.requests))
 
     def client_loop() -> None:
@@ -67,6 +69,7 @@ def _load(target: str, fmt: str, args: argparse.Namespace) -> dict:
                 except grpc.RpcError as exc:
                     with lock:
                         errors[exc.code().name] = errors.get(exc.code().name, 0) + 1
+                        messages.setdefault(exc.code().name, exc.details())
                     continue
                 end = time.perf_counter()
                 ttft = done.ttft_s
@@ -85,7 +88,7 @@ def _load(target: str, fmt: str, args: argparse.Namespace) -> dict:
     tokens = sum(r["completion_tokens"] for r in rows)
     wire = sum(r["wire_bytes"] for r in rows)
     bf16 = sum(r["wire_bf16_bytes"] for r in rows)
-    return {"kv_format": fmt, "requests_ok": len(rows), "errors": errors, "wall_s": wall,
+    return {"kv_format": fmt, "requests_ok": len(rows), "errors": errors, "error_messages": messages, "wall_s": wall,
             "ttft_p50_s": _percentile(ttfts, 0.5), "ttft_p90_s": _percentile(ttfts, 0.9),
             "tpot_p50_s": _percentile(tpots, 0.5), "tpot_p90_s": _percentile(tpots, 0.9),
             "tpot_mean_s": statistics.fmean(tpots) if tpots else float("nan"),
@@ -93,11 +96,34 @@ def _load(target: str, fmt: str, args: argparse.Namespace) -> dict:
             "wire_ratio": wire / bf16 if bf16 else float("nan")}
 
 
+def _served_formats(target: str) -> list[str]:
+    """The KV formats of the router's pools, in its order (default pool first)."""
+    import grpc
+
+    from kvwire.errors import UsageError
+    from router.client import RouterClient
+
+    try:
+        with RouterClient(target, timeout_s=30) as client:
+            pools = sorted(client.list_pools().pools, key=lambda p: not p.is_default)
+    except grpc.RpcError as exc:
+        raise UsageError(f"cannot ask the router at {target} for its pools: "
+                         f"{exc.code().name}: {exc.details()}") from None
+    return list(dict.fromkeys(p.kv_format for p in pools))
+
+
 def run(args: argparse.Namespace) -> dict:
     from kvwire.errors import UsageError
     from kvwire.formats import KVFormat
 
-    formats = [KVFormat.parse(f.strip()).name for f in args.kv_formats.split(",") if f.strip()]
+    asked = args.kv_formats if args.kv_formats is not None else ("" if args.router else "bf16,nvfp4")
+    formats = [KVFormat.parse(f.strip()).name for f in asked.split(",") if f.strip()]
+    if args.router:
+        served = _served_formats(args.router)
+        formats = formats or served
+        missing = [f for f in formats if f not in served]
+        if missing:
+            raise UsageError(f"{args.router} serves {', '.join(served)}; not {', '.join(missing)} (--kv-formats)")
     if not formats:
         raise UsageError("--kv-formats needs at least one format")
     for key in ("concurrency", "requests", "prompt_tokens", "output_tokens"):
@@ -140,4 +166,7 @@ def format_table(result: dict) -> str:
         lines.append(f"| {r['kv_format']} | {r['requests_ok']} | {errs} | {r['ttft_p50_s']:.3f} | {r['ttft_p90_s']:.3f} "
                      f"| {1e3 * r['tpot_p50_s']:.1f} | {1e3 * r['tpot_p90_s']:.1f} | {r['output_tokens_per_s']:.1f} "
                      f"| {r['wire_ratio']:.3f} |")
+    for r in result["results"]:
+        for code, message in r.get("error_messages", {}).items():
+            lines.append(f"{r['kv_format']}: {code}: {message}")
     return "\n".join(lines)

@@ -55,7 +55,15 @@ def _prompts(args: argparse.Namespace) -> list[str]:
     return [args.prompt]
 
 
+def _check_counts(args: argparse.Namespace) -> None:
+    """Both modes refuse 0 alike: the router's wire format reads max_tokens 0 as "the default" (64)."""
+    for flag, value in (("--max-tokens", args.max_tokens), ("--repeat", args.repeat)):
+        if value < 1:
+            raise UsageError(f"{flag} must be at least 1, got {value}")
+
+
 def run(args: argparse.Namespace) -> int:
+    _check_counts(args)
     if args.router:
         return run_remote(args)
     from kvwire.calibration import CALIBRATION_TEXT
@@ -66,8 +74,6 @@ def run(args: argparse.Namespace) -> int:
     args.kv_format = args.kv_format or "bf16"
     KVFormat.parse(args.kv_format)          # fail fast, before loading the model
     prompts = _prompts(args)
-    if args.repeat < 1:
-        raise UsageError("--repeat must be at least 1")
     try:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                                 top_p=args.top_p, seed=args.seed)
@@ -101,13 +107,17 @@ def run_remote(args: argparse.Namespace) -> int:
     from router.client import RouterClient
 
     prompts = _prompts(args)
+    options = dict(kv_format=args.kv_format or "", pool=args.pool, max_tokens=args.max_tokens,
+                   temperature=args.temperature, top_p=args.top_p, seed=args.seed, chat=args.chat)
+    try:
+        RouterClient.request(prompts[0], **options)     # a value the request cannot carry fails here, once
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     with RouterClient(args.router) as client:
         for text in prompts:
             for _ in range(args.repeat):
                 try:
-                    stream = client.generate(text, kv_format=args.kv_format or "", pool=args.pool,
-                                             max_tokens=args.max_tokens, temperature=args.temperature,
-                                             top_p=args.top_p, seed=args.seed, chat=args.chat)
+                    stream = client.generate(text, **options)
                     for event in stream:
                         if event.HasField("delta"):
                             sys.stdout.write(event.delta.text)
@@ -121,9 +131,9 @@ def run_remote(args: argparse.Namespace) -> int:
                         raise UsageError(message) from None
                     print(f"kvwire generate: error from {args.router}: {message}", file=sys.stderr)
                     return 1
-                ratio = f.wire_bytes / f.wire_bf16_bytes if f.wire_bf16_bytes else 0.0
+                ratio = f"{f.wire_bytes / f.wire_bf16_bytes:.3f}" if f.wire_bf16_bytes else "no full page"
                 print(f"[kvwire] pool {f.pool} ({f.kv_format}) | prompt tokens {f.prompt_tokens} | completion "
                       f"tokens {f.completion_tokens} ({f.finish_reason}) | prefix pages reused "
                       f"{f.prefix_pages_reused} | wire {f.wire_bytes:,} B vs bf16 {f.wire_bf16_bytes:,} B "
-                      f"({ratio:.3f}) | TTFT {f.ttft_s:.2f} s | {f.prefill_worker} -> {f.decode_worker}", flush=True)
+                      f"({ratio}) | TTFT {f.ttft_s:.2f} s | {f.prefill_worker} -> {f.decode_worker}", flush=True)
     return 0

@@ -1,4 +1,5 @@
 """The `kvwire` CLI as a user runs it: real subprocesses, real model."""
+import socket
 import subprocess
 import sys
 
@@ -29,6 +30,34 @@ def test_serve_with_a_bad_metrics_port_is_one_line_exit_2():
 
 def test_empty_prompt_is_one_line_exit_2():
     assert_one_line_error(kvwire("generate", "   "), "empty")
+
+
+NO_ROUTER = "127.0.0.1:1"     # nothing listens: these mistakes are caught before connecting
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--max-tokens", "0"], ["--max-tokens must be at least 1", "got 0"]),
+    (["--router", NO_ROUTER, "--max-tokens", "0"], ["--max-tokens must be at least 1", "got 0"]),
+    (["--router", NO_ROUTER, "--max-tokens", "-1"], ["--max-tokens must be at least 1", "got -1"]),
+    (["--router", NO_ROUTER, "--repeat", "0"], ["--repeat must be at least 1"]),
+    (["--router", NO_ROUTER, "--max-tokens", "5000000000"], ["max_tokens", "between 1 and 4294967295"]),
+    (["--router", NO_ROUTER, "--seed", "-1"], ["seed", "between 0 and 18446744073709551615", "-1"]),
+    (["--temperature", "nan"], ["temperature", "finite", "nan"]),
+    (["--temperature", "inf"], ["temperature", "finite", "inf"]),
+    (["--seed", "-1"], ["seed", "between 0 and 18446744073709551615"]),
+])
+def test_out_of_range_generate_options_are_one_line_exit_2(args, words):
+    assert_one_line_error(kvwire("generate", *args, "hi"), *words)
+
+
+def test_serve_on_a_taken_port_is_one_line_exit_2_before_ray_starts():
+    """One stderr line means no "[kvwire] starting a local Ray cluster" line: the check came first."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        r = kvwire("serve", "--port", str(port), "--metrics-port", "0", timeout=120)
+    assert_one_line_error(r, f"127.0.0.1:{port}", "already in use")
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the no-GPU message")

@@ -97,6 +97,8 @@ def test_health_service_says_serving(served):
     (dict(prompt="hi", pool="nope"), ["unknown pool", "smol-bf16"]),
     (dict(prompt="hi", max_tokens=9000), ["max_tokens must be between 1 and 8191"]),
     (dict(prompt="hi", temperature=-1.0), ["temperature"]),
+    (dict(prompt="hi", temperature=float("nan")), ["temperature", "finite", "nan"]),
+    (dict(prompt="hi", temperature=1e39), ["temperature", "finite", "inf"]),        # inf as a proto float
     (dict(prompt="word " * 9000), ["9001 tokens", "at most 8191"]),
     (dict(prompt="hi", prompt_ids=[1, 2]), ["not both"]),
 ])
@@ -166,8 +168,12 @@ def test_metrics_and_no_pages_held_after(served, client):
 
 
 def test_bench_serve_against_the_router(served, tmp_path):
+    """Without --kv-formats it loads every format the router serves; one it does not serve is a usage error."""
+    unserved = subprocess.run([kvwire_exe(), "bench", "serve", "--router", served.target, "--kv-formats",
+                               "bf16,fp8-token"], capture_output=True, text=True, timeout=120)
+    assert unserved.returncode == 2 and "serves bf16, nvfp4; not fp8-token" in unserved.stderr, unserved.stderr
     out = tmp_path / "serve.json"
-    run = subprocess.run([kvwire_exe(), "bench", "serve", "--router", served.target, "--kv-formats", "bf16,nvfp4",
+    run = subprocess.run([kvwire_exe(), "bench", "serve", "--router", served.target,
                           "--requests", "2", "--concurrency", "2", "--prompt-tokens", "40", "--output-tokens", "3",
                           "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr

@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"[kvwire] {msg}", file=sys.stderr, flush=True)
 
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):    # SIGHUP: its terminal closed
         signal.signal(sig, lambda *_: stop.set())
     try:
         router = start_router(config, ray_address=args.address, progress=progress)
@@ -104,7 +104,15 @@ def run(args: argparse.Namespace) -> int:
                 print("[kvwire] the router stopped unexpectedly", file=sys.stderr)
                 return 1
     finally:
-        print("[kvwire] stopping", file=sys.stderr, flush=True)
+        _say("[kvwire] stopping")
         router.stop()
-        print("[kvwire] stopped", file=sys.stderr, flush=True)
+        _say("[kvwire] stopped")
     return 0
+
+
+def _say(line: str) -> None:
+    """A shutdown message; after SIGHUP the terminal may be gone, which must not stop the clean-up."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass

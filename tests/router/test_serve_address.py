@@ -1,5 +1,6 @@
-"""`kvwire serve --address` joins a Ray cluster someone else started, serves on it, and on Ctrl-C
-stops its own workers but leaves that cluster running."""
+"""`kvwire serve --address` joins a Ray cluster someone else started, serves on it, and on SIGHUP
+(its terminal closed; Ctrl-C is tests/router/test_serve_e2e.py's) stops its own workers but leaves
+that cluster running."""
 from __future__ import annotations
 
 import subprocess
@@ -29,7 +30,7 @@ def test_serve_joins_an_existing_cluster_and_leaves_it_running(tmp_path):
         with RouterClient(target, timeout_s=120) as client:
             done = client.complete("The capital of France is", max_tokens=3).finished
         assert done.completion_tokens == 3
-        proc.send_signal(subprocess.signal.SIGINT)
+        proc.send_signal(subprocess.signal.SIGHUP)
         rest, _ = proc.communicate(timeout=90)
         assert proc.returncode == 0, "".join(lines) + rest
 

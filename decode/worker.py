@@ -13,6 +13,7 @@ their pages at once.
 """
 from __future__ import annotations
 
+import collections
 import queue
 import threading
 import time
@@ -62,6 +63,7 @@ class DecodeWorker(WorkerEndpoint):
         self._running: dict[str, _Request] = {}
         self._finished: dict[str, _Request] = {}     # done, final reason not yet read (insertion order)
         self._reserved: dict[str, tuple] = {}      # rid -> (manifest, pages, tail slot, params, max pages)
+        self._waiting: collections.deque[str] = collections.deque()   # reservations waiting, in arrival order
         self._lock = threading.Lock()              # pool, tails, runner and the request maps
         self._changed = threading.Condition(self._lock)
         # Token output has its own condition: pollers must not queue for the lock the decode loop
@@ -98,10 +100,7 @@ class DecodeWorker(WorkerEndpoint):
         if m.sender not in self.transport.peers:
             raise ManifestError(f"manifest sender {m.sender!r} is not a connected peer of {self.cfg.name}")
         max_pages = self._max_pages(m.num_tokens, len(m.page_ids), params)
-        pages, slot = self._reserve(m.request_id, len(m.page_ids), max_pages, timeout_s)
-        with self._lock:
-            self._reserved[m.request_id] = (m, pages, slot, params, max_pages)
-        return {"request_id": m.request_id, "pages": pages}
+        return {"request_id": m.request_id, "pages": self._reserve(m, params, max_pages, timeout_s)}
 
     def cancel(self, rid: str) -> bool:
         """Drop a reservation (its transfer failed or the request was cancelled)."""
@@ -170,23 +169,37 @@ class DecodeWorker(WorkerEndpoint):
         running = sum(max(0, r.max_pages - len(r.seq.pages)) for r in self._running.values())
         return running + sum(res[4] - len(res[1]) for res in self._reserved.values())
 
-    def _reserve(self, rid: str, num_pages: int, max_pages: int, timeout_s: float) -> tuple[list[int], int]:
-        """Pages and a tail slot; waits (queues) while the pool or the batch is full (module docstring)."""
+    def _reserve(self, m, params: SamplingParams, max_pages: int, timeout_s: float) -> list[int]:
+        """Set aside the manifest's pages and a tail slot, waiting while the pool or the batch is full
+        (module docstring). Waiters are served in arrival order, so a large request is not passed
+        over forever by smaller ones that keep fitting. Returns the pages."""
+        rid = m.request_id
         if max_pages > self.kv.pool.num_pages:
             raise CapacityError(f"request {rid} may grow to {max_pages} pages (prompt and max_tokens); "
                                 f"{self.cfg.name} has {self.kv.pool.num_pages} in all (num_pages)")
         deadline = time.monotonic() + timeout_s
         with self._lock:
-            if rid in self._running or rid in self._reserved:
+            if rid in self._running or rid in self._reserved or rid in self._waiting:
                 raise ValueError(f"request {rid!r} is already running on {self.cfg.name}")
-            while not (self.kv.pool.can_allocate(max_pages + self._growth_promised())
-                       and len(self._running) < self.cfg.max_batch and self.kv.tails.free_slots > 0):
-                left = deadline - time.monotonic()
-                if left <= 0 or self._stop:
-                    raise NoRoomError(f"{self.cfg.name} had no room for {max_pages} pages (prompt and "
-                                         f"max_tokens) within {timeout_s:.0f} s")
-                self._changed.wait(left)
-            return self.kv.pool.allocate(num_pages), self.kv.tails.allocate()
+            self._waiting.append(rid)
+            try:
+                while not (self._waiting[0] == rid and self._has_room(max_pages)):
+                    left = deadline - time.monotonic()
+                    if left <= 0 or self._stop:
+                        raise NoRoomError(f"{self.cfg.name} had no room for {max_pages} pages (prompt and "
+                                          f"max_tokens) within {timeout_s:.0f} s")
+                    self._changed.wait(left)
+            finally:
+                self._waiting.remove(rid)
+                self._changed.notify_all()          # the next waiter may be at the head now
+            pages, slot = self.kv.pool.allocate(len(m.page_ids)), self.kv.tails.allocate()
+            self._reserved[rid] = (m, pages, slot, params, max_pages)
+            return pages
+
+    def _has_room(self, max_pages: int) -> bool:
+        """Room for one more request that may grow to ``max_pages`` (caller holds the lock)."""
+        return (self.kv.pool.can_allocate(max_pages + self._growth_promised()) and self.kv.tails.free_slots > 0
+                and len(self._running) + len(self._reserved) < self.cfg.max_batch)
 
     # ---- streaming ----
     def next_tokens(self, rid: str, timeout_s: float = 1.0) -> TokenBatch:

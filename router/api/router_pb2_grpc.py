@@ -61,8 +61,10 @@ class RouterServicer:
     def Generate(self, request, context):
         """Stream a completion: TokenDelta messages, then exactly one Finished message.
         Errors: INVALID_ARGUMENT (empty prompt, unknown format or pool, max_tokens out of range,
-        prompt over the context), RESOURCE_EXHAUSTED (queue full), UNAVAILABLE (no live worker),
-        DEADLINE_EXCEEDED, INTERNAL (a worker failed and retries ran out).
+        prompt over the context, prompt + max_tokens needing more KV pages than a worker has),
+        ALREADY_EXISTS (request_id already in flight), RESOURCE_EXHAUSTED (queue full, or a worker's
+        pages not freed before the deadline), UNAVAILABLE (no live worker), DEADLINE_EXCEEDED,
+        INTERNAL (a worker failed and retries ran out).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

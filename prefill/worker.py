@@ -4,13 +4,14 @@ A request's pages stay held after ``prefill`` returns, until the decode side's n
 has them (``transfer.manifest.done_notice``, delivered by the transport after the last byte landed), an
 explicit ``release``, or ``hold_timeout_s`` (a decode worker that died never answers).
 
-A prompt waits (up to ``wait_s``) while the pool is short of pages that held requests will free;
-one that needs more pages than the pool has is refused at once (``CapacityError``). The lock is
+A prompt waits (up to ``wait_s``, in arrival order) while the pool is short of pages that held
+requests will free; one that needs more pages than the pool has is refused at once (``CapacityError``). The lock is
 held through a whole prefill (seconds for a long prompt), so the probes the router sends meanwhile
 (``counters``, ``cached_prefix_pages``) read without it.
 """
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ class PrefillWorker(WorkerEndpoint):
         self._held: dict[str, _Held] = {}
         self._lock = threading.Lock()
         self._freed = threading.Condition(self._lock)     # pages were released: waiting prompts look again
+        self._waiting: collections.deque[str] = collections.deque()   # prompts waiting for pages, in order
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch_notices, name=f"{cfg.name}-notices", daemon=True)
         self._thread.start()
@@ -66,12 +68,9 @@ class PrefillWorker(WorkerEndpoint):
         seq = SequenceKV()
         try:
             with self._lock:  # one forward at a time: the runner is not thread-safe
-                if request_id in self._held:
+                if request_id in self._held or request_id in self._waiting:
                     raise ValueError(f"request {request_id!r} is already held by {self.cfg.name}")
-                if not self._freed.wait_for(self._room_for(needed), wait_s):
-                    raise NoRoomError(f"{self.cfg.name} had no room for {needed} pages and a tail page within "
-                                          f"{wait_s:.0f} s ({len(self._held)} requests hold pages awaiting "
-                                          f"their transfer)")
+                self._wait_for_room(request_id, needed, wait_s)
                 logits = self.engine.prefill(seq, list(prompt_ids))
                 first = Sampler(params)(logits)
                 manifest = Manifest.from_tensors(
@@ -87,9 +86,18 @@ class PrefillWorker(WorkerEndpoint):
             raise
         return {"manifest": manifest.encode(), "prefix_pages_reused": seq.prefix_pages_reused}
 
-    def _room_for(self, pages: int):
-        """The wait condition of a prompt needing ``pages`` (caller holds the lock when it is called)."""
-        return lambda: self.kv.pool.can_allocate(pages) and self.kv.tails.free_slots > 0
+    def _wait_for_room(self, request_id: str, pages: int, wait_s: float) -> None:
+        """Wait (caller holds the lock) until ``pages`` and a tail slot are free and every prompt that
+        came earlier has gone: arrival order, so a long prompt is not passed over by short ones."""
+        self._waiting.append(request_id)
+        try:
+            if not self._freed.wait_for(lambda: self._waiting[0] == request_id and self.kv.pool.can_allocate(pages)
+                                        and self.kv.tails.free_slots > 0, wait_s):
+                raise NoRoomError(f"{self.cfg.name} had no room for {pages} pages and a tail page within "
+                                  f"{wait_s:.0f} s ({len(self._held)} requests hold pages awaiting their transfer)")
+        finally:
+            self._waiting.remove(request_id)
+            self._freed.notify_all()                # the next prompt may be first now
 
     def push(self, request_id: str, peer: str, remote_pages: list[int], deadline_s: float | None = None) -> dict:
         """Push mode: WRITE a held request's pages into ``peer``'s reserved pages, then free ours.

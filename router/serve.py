@@ -35,11 +35,15 @@ IN_USE = "already in use (another kvwire serve?)"
 
 
 def start_local_ray(num_workers: int) -> None:
-    """A single-node Ray bound to 127.0.0.1 (nothing listens on other addresses)."""
+    """A single-node Ray of our own, bound to 127.0.0.1 (nothing listens on other addresses).
+
+    ``address="local"``: without it Ray joins a cluster that `ray start` left running on this
+    machine (and refuses ``num_cpus``); joining one is what ``--address`` is for.
+    """
     for key, value in LOCAL_RAY_ENV.items():
         os.environ.setdefault(key, value)
     # Actors reserve one logical CPU each for placement; give every worker one even on 2 cores.
-    ray.init(num_cpus=max(os.cpu_count() or 1, num_workers + 2), _node_ip_address="127.0.0.1",
+    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, num_workers + 2), _node_ip_address="127.0.0.1",
              include_dashboard=False, log_to_driver=False, configure_logging=False)
 
 

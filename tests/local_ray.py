@@ -24,7 +24,7 @@ def local_ray(num_cpus: int, object_store_mb: int) -> Iterator:
     saved = {k: os.environ.get(k) for k in RAY_ENV}
     os.environ.update(RAY_ENV)
     try:
-        ray.init(num_cpus=num_cpus, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False,
+        ray.init(address="local", num_cpus=num_cpus, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False,
                  object_store_memory=object_store_mb * 1024 * 1024, configure_logging=False,
                  runtime_env={"env_vars": {"PYTHONPATH": actor_pythonpath(), **RAY_ENV}})
         yield ray

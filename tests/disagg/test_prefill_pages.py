@@ -44,6 +44,27 @@ def test_a_prompt_waits_for_held_pages(worker):
     assert worker.release("b") and worker.counters()["pages_in_use"] == 0
 
 
+def test_waiting_prompts_go_in_arrival_order(worker):
+    worker.prefill_request("a", prompt(100, 5), PARAMS)                    # 6 of the 10 pages held
+    order: list[str] = []
+
+    def wait_for(rid: str, n: int) -> threading.Thread:
+        t = threading.Thread(target=lambda: (worker.prefill_request(rid, prompt(n, 6), PARAMS, 60), order.append(rid)))
+        t.start()
+        return t
+
+    tb = wait_for("b", 100)                          # 6 pages: waits for "a"
+    time.sleep(0.3)
+    tc = wait_for("c", 20)                           # 1 page would fit now, but "b" came first
+    time.sleep(0.5)
+    assert order == []
+    assert worker.release("a")
+    tb.join(60)
+    tc.join(60)
+    assert order == ["b", "c"]
+    assert worker.release("b") and worker.release("c")
+
+
 def test_a_prompt_larger_than_the_pool_is_refused_at_once(worker):
     t0 = time.monotonic()
     with pytest.raises(CapacityError, match="a prompt of 300 tokens needs 18 pages; .* has 10 in all"):

@@ -38,8 +38,8 @@ def ray_cluster():
     env = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled",
            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     os.environ.update({k: v for k, v in env.items() if k != "PYTHONPATH"})
-    ray.init(num_cpus=4, num_gpus=1, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=True,
-             object_store_memory=200 * 1024 * 1024, configure_logging=False, runtime_env={"env_vars": env})
+    ray.init(address="local", num_cpus=4, num_gpus=1, _node_ip_address="127.0.0.1", include_dashboard=False,
+             log_to_driver=True, object_store_memory=200 * 1024 * 1024, configure_logging=False, runtime_env={"env_vars": env})
     try:
         yield ray
     finally:

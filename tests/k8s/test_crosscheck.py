@@ -188,3 +188,21 @@ def test_experiment_commands_parse() -> None:
                                text=True, timeout=120).stdout
     for flag in validate_flags:
         assert flag in help_text, f"python -m kvwire.validate has no {flag}"
+
+
+def test_validate_job_runs_its_pools_on_the_gpu_groups() -> None:
+    """The sweep must go through Ray pools whose workers take the resources the GPU groups declare;
+    the default in-process backend would run it all on the GPU-less head."""
+    from kvwire.validate.cli import build_parser
+
+    job = next(j for j in find(render_cached(str(K8S / "experiments")), "RayJob")
+               if j["metadata"]["name"] == "kvwire-validate")
+    argv = next(shlex.split(part) for part in job["spec"]["entrypoint"].split("&&")
+                if shlex.split(part)[:3] == ["python", "-m", "kvwire.validate"])
+    args = build_parser().parse_args(argv[3:])
+    assert args.backend == "ray", "the validate job must use --backend ray"
+    declared = {}
+    for group in job["spec"]["rayClusterSpec"]["workerGroupSpecs"]:
+        declared.update(group_resources(group))
+        assert group["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert {args.prefill_resource, args.decode_resource} == set(declared), (args, declared)

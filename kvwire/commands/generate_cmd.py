@@ -81,6 +81,9 @@ def run(args: argparse.Namespace) -> int:
                               cuda_graphs=args.cuda_graphs)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
+    if args.load_format == "dummy" and args.model_shape != "smollm2-135m":
+        raise UsageError(f"dummy weights of shape {args.model_shape} come with no tokenizer and generate needs "
+                         "text: use --model-shape smollm2-135m, or `kvwire bench ...` for other shapes")
     model, tokenizer = load_from_args(args)
     if tokenizer is None:
         raise UsageError("this model has no tokenizer (dummy weights); generate needs text")

@@ -23,6 +23,7 @@ import torch
 from kvwire.formats import KVFormat, PageFormat
 
 DEFAULT_FORMATS = "bf16,fp8-tensor,fp8-token,nvfp4,fp8-token/nvfp4"
+PAGE_SIZE = 16
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -110,17 +111,46 @@ def copy_gbytes_per_s(nbytes: int, device: str, reps: int = 3) -> float:
     return nbytes / statistics.median(times) / 1e9
 
 
+def _device(name: str) -> str:
+    """Pools are registered with NIXL as DRAM or VRAM, so only the CPU and CUDA devices can hold them."""
+    from kvwire.commands.model_args import resolve_device
+    from kvwire.errors import UsageError
+
+    device = resolve_device(name)
+    if device.type not in ("cpu", "cuda"):
+        raise UsageError(f"--device {name}: pools live in DRAM (cpu) or VRAM (cuda); use auto, cpu or cuda")
+    return str(device)
+
+
+def _prompts(text: str) -> list[int]:
+    """Each length needs one full page to push (the newest token's page stays the bf16 tail)."""
+    from kvwire.errors import UsageError
+
+    try:
+        prompts = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise UsageError(f"--prompts takes comma-separated token counts, e.g. 1024,4096; got {text!r}") from None
+    if min(prompts) <= PAGE_SIZE:
+        raise UsageError(f"--prompts: each length must be at least {PAGE_SIZE + 1} tokens (one full page of "
+                         f"{PAGE_SIZE} to send); got {text!r}")
+    return prompts
+
+
 def run(args: argparse.Namespace) -> dict:
+    from kvwire.errors import UsageError
     from kvwire.model.config import SHAPES
     if args.shape not in SHAPES:
-        raise ValueError(f"unknown --shape {args.shape!r}; known: {', '.join(SHAPES)}")
+        raise UsageError(f"unknown --shape {args.shape!r}; known: {', '.join(SHAPES)}")
+    if args.reps < 1:
+        raise UsageError(f"--reps must be at least 1, got {args.reps}")
     cfg = SHAPES[args.shape]
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    prompts = [int(x) for x in args.prompts.split(",")]
+    prompts = _prompts(args.prompts)
+    device = _device(args.device)
+    formats = [KVFormat.parse(name) for name in args.formats.split(",")]    # all checked before any runs
     rows = []
-    for name in args.formats.split(","):
-        fmt = PageFormat(KVFormat.parse(name), 16, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
-        print(f"[bench transfer] {name}: {len(prompts)} prompt lengths on {device}", flush=True)
+    for kv in formats:
+        fmt = PageFormat(kv, PAGE_SIZE, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+        print(f"[bench transfer] {kv.name}: {len(prompts)} prompt lengths on {device}", flush=True)
         rows += _one_format(fmt, prompts, device, args.reps)
     biggest = max(r["wire_bytes"] for r in rows)
     copy = copy_gbytes_per_s(biggest, device)

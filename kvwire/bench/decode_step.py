@@ -54,8 +54,11 @@ def run(args) -> dict:
     from kvwire.engine import Engine, EngineConfig
     from kvwire.errors import UsageError
     from kvwire.kv_cache import SequenceKV
+    from kvwire.model.config import SHAPES
     from kvwire.model.registry import load_model
 
+    if args.model_shape not in SHAPES:
+        raise UsageError(f"unknown --model-shape {args.model_shape!r}; known: {', '.join(SHAPES)}")
     device = resolve_device(args.device)
     if args.batch < 1 or args.steps < 1:
         raise UsageError("--batch and --steps must be at least 1")

@@ -31,6 +31,10 @@ def format_rows(config, page_size: int, include_all_pairs: bool) -> list[dict]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvwire.errors import UsageError
+
+    if args.page_size < 1:      # before PageFormat refuses it with a traceback
+        raise UsageError(f"--page-size must be at least 1, got {args.page_size}")
     config = config_from_args(args)
     rows = format_rows(config, args.page_size, args.all)
     if args.json:

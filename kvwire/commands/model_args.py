@@ -21,9 +21,14 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve_device(name: str) -> torch.device:
+    """The --device flag as a torch device; a name torch does not parse, or CUDA where there is none, is a
+    usage error (torch's own errors are a RuntimeError and an AssertionError deep in the first allocation)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise UsageError(f"--device {name!r} is not a device; use auto, cpu, cuda or cuda:N") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"--device {name}: CUDA is not available on this machine; use --device cpu")
     return dev

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -14,8 +15,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """The sweep's own mistakes become usage errors; Ctrl-C is answered here, before `kvwire`'s generic
+    "interrupted", to say that the finished cells are kept."""
     from kvwire.errors import UsageError
     from kvwire.validate.backends import BackendError
+    from kvwire.validate.cli import INTERRUPTED
     from kvwire.validate.cli import run as run_validate
     from kvwire.validate.config import ConfigError
 
@@ -23,3 +27,6 @@ def run(args: argparse.Namespace) -> int:
         return run_validate(args)
     except (ConfigError, BackendError) as exc:
         raise UsageError(str(exc)) from exc
+    except KeyboardInterrupt:
+        print(INTERRUPTED, file=sys.stderr)
+        return 130

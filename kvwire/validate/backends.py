@@ -15,6 +15,11 @@ class BackendError(RuntimeError):
     """The backend cannot serve what the sweep asks (e.g. no pool for a format)."""
 
 
+# Seconds to wait for a router to accept the connection. `kvwire serve` opens its port only once its
+# pools serve, and the Ray backend's router is up before it is asked, so a longer wait finds nothing more.
+READY_TIMEOUT_S = 10.0
+
+
 @dataclass(frozen=True)
 class Answer:
     token_ids: tuple[int, ...]
@@ -125,11 +130,25 @@ class RouterBackend:
         self.client = RouterClient(target, timeout_s=timeout_s)
         self.description = f"router at {target}"
         self._pools: dict[str, tuple[str, float]] = {}
-        self.refresh()
+        try:
+            self.refresh()
+        except BaseException:
+            self.client.close()
+            raise
+
+    def _wait_ready(self) -> None:
+        """A router that is up connects at once; waiting long for a wrong --target only looks like a hang."""
+        import grpc
+
+        try:
+            self.client.wait_ready(timeout_s=READY_TIMEOUT_S)
+        except grpc.FutureTimeoutError:
+            raise BackendError(f"no router answering at {self.target} within {READY_TIMEOUT_S:g} s: "
+                               "start one with `kvwire serve` or pass --target") from None
 
     def refresh(self) -> None:
         """Learn the pools (kv format -> first pool serving it, bytes per token)."""
-        self.client.wait_ready(timeout_s=120)
+        self._wait_ready()
         self._pools = {}
         for p in self.client.list_pools().pools:
             from kvwire.formats import KVFormat

@@ -7,6 +7,9 @@ import sys
 
 from kvwire.validate.config import DEFAULT_LENGTHS, ConfigError
 
+# What Ctrl-C prints, under both names of the command: a stopped sweep loses no finished cell.
+INTERRUPTED = "kvwire validate: interrupted (finished cells are saved; run again to resume)"
+
 DESCRIPTION = """\
 Measure recall of every KV format against bf16 on the serving stack and recommend the
 lowest-precision format within a tolerance of bf16 at every context length.
@@ -109,5 +112,5 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kvwire validate: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("kvwire validate: interrupted (finished cells are saved; run again to resume)", file=sys.stderr)
+        print(INTERRUPTED, file=sys.stderr)
         return 130

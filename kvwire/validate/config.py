@@ -38,6 +38,20 @@ class ConfigError(ValueError):
     """A sweep setting that cannot work; the message says what is allowed."""
 
 
+INPROCESS = "inprocess"
+ROUTED = "routed"
+BACKEND_KINDS = {"inprocess": INPROCESS, "router": ROUTED, "ray": ROUTED}
+
+
+def backend_kind(backend: str) -> str:
+    """What a --backend measures, for the results file: the in-process engine (fidelity, cold answers
+    on demand) or a router (`router` and `ray` both send every prompt through one, with the same pool
+    settings, so their cells are the same measurement and may share a results file)."""
+    if backend not in BACKEND_KINDS:
+        raise ConfigError(f"unknown backend {backend!r}; one of {', '.join(BACKEND_KINDS)}")
+    return BACKEND_KINDS[backend]
+
+
 @dataclass(frozen=True)
 class SweepConfig:
     formats: tuple[str, ...] = tuple(f.name for f in listed_formats())
@@ -51,8 +65,11 @@ class SweepConfig:
     page_size: int = 16
     chunk_size: int = 512
     model: str = "smollm2"
+    backend: str = INPROCESS       # backend_kind(): in-process cells have fidelity, routed ones do not
 
     def __post_init__(self) -> None:
+        if self.backend not in (INPROCESS, ROUTED):
+            raise ConfigError(f"backend kind must be {INPROCESS!r} or {ROUTED!r}, got {self.backend!r}")
         if not self.formats:
             raise ConfigError("give at least one KV format")
         names = []
@@ -92,11 +109,23 @@ class SweepConfig:
         return dataclasses.replace(self, lengths=tuple(sorted({min(n, limit) for n in self.lengths})))
 
     def task_settings(self) -> dict:
-        """Everything that changes a cell's result (not formats/lengths: cells are keyed by those)."""
+        """Everything that changes a cell's result (not formats/lengths: cells are keyed by those).
+
+        The in-process backend is left out, so that results files written before the backend kind was
+        recorded (docs/validation's, all in-process) keep their fingerprint and still resume."""
         d = dataclasses.asdict(self)
         for key in ("formats", "lengths", "tolerance"):
             d.pop(key)
+        if d["backend"] == INPROCESS:
+            d.pop("backend")
         return d
+
+    def changed_settings(self, recorded: dict) -> str:
+        """How ``recorded`` (a results file's settings) differs from this sweep's, for the refusal."""
+        mine = {"backend": INPROCESS, **self.task_settings()}
+        theirs = {"backend": INPROCESS, **recorded}
+        keys = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        return ", ".join(f"{k} {theirs.get(k)!r} there, {mine.get(k)!r} now" for k in keys)
 
     def fingerprint(self) -> str:
         blob = json.dumps(self.task_settings(), sort_keys=True).encode()

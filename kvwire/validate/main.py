@@ -10,11 +10,11 @@ import shlex
 import sys
 from pathlib import Path
 
-from kvwire.validate.config import ConfigError, SweepConfig
+from kvwire.validate.config import ConfigError, SweepConfig, backend_kind
 from kvwire.validate.plots import fidelity_plot, recall_plot
 from kvwire.validate.recommend import headline, recommend
 from kvwire.validate.report import baseline_passkey, write_report
-from kvwire.validate.results import ResultStore, load_results
+from kvwire.validate.results import ResultStore, check_resumable, load_results
 
 
 def sweep_config(args: argparse.Namespace, max_context: int) -> SweepConfig:
@@ -24,7 +24,8 @@ def sweep_config(args: argparse.Namespace, max_context: int) -> SweepConfig:
     config = SweepConfig(formats=formats, lengths=args.lengths, samples=args.samples, questions=args.questions,
                          prefix_cold=args.prefix_cold, seed=args.seed, tolerance=args.tolerance,
                          probe_positions=args.probe_positions, page_size=args.page_size,
-                         chunk_size=args.chunk_size, model=args.model).fit_lengths(max_context)
+                         chunk_size=args.chunk_size, model=args.model,
+                         backend=backend_kind(args.backend)).fit_lengths(max_context)
     if args.max_length is not None:
         kept = tuple(n for n in config.lengths if n <= args.max_length)
         if not kept:
@@ -42,8 +43,21 @@ def machine() -> str:
     return f"{platform.node()} ({cpu}; Python {platform.python_version()}, torch {torch.__version__})"
 
 
-def finish(out: Path, data: dict | None = None) -> dict:
-    """Recommendation, plots and report from the results file; returns the recommendation."""
+def make_out_dir(out: Path) -> None:
+    """Create --out before the model loads, so that a path that cannot be a directory fails early in one
+    line. Only these errors are the user's path; other OSErrors stay tracebacks (they may be bugs)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except FileExistsError as exc:
+        raise ConfigError(f"--out {out}: {exc.filename} is a file, not a directory; choose another --out") from exc
+    except (NotADirectoryError, PermissionError) as exc:
+        raise ConfigError(f"--out {out}: cannot create the directory ({exc.strerror}: {exc.filename}); "
+                          "choose another --out") from exc
+
+
+def finish(out: Path, data: dict | None = None) -> tuple[dict, list[Path]]:
+    """Recommendation, plots and report from the results file; returns the recommendation and the plots
+    written (fidelity has none without the in-process engine, and none without matplotlib)."""
     data = data or load_results(out / "results.json")
     rec = recommend(data, data["sweep"]["tolerance"])
     try:
@@ -57,7 +71,7 @@ def finish(out: Path, data: dict | None = None) -> dict:
     write_report(data, rec, out, images)
     data["recommendation"] = rec
     ResultStore(out / "results.json", data).save()
-    return rec
+    return rec, [p for p in images.values() if p]
 
 
 def _backend(args: argparse.Namespace, config: SweepConfig, model, tokenizer, model_config):
@@ -80,20 +94,15 @@ def _backend(args: argparse.Namespace, config: SweepConfig, model, tokenizer, mo
     return RayRouterBackend(args.ray_address, template, bpt)
 
 
-def run_validate(args: argparse.Namespace) -> int:
-    from kvwire.commands.model_args import resolve_device
-    from kvwire.model.registry import load_model, load_model_config, load_tokenizer
-    from kvwire.validate.sweep import run_sweep
+def _report_only(args: argparse.Namespace, out: Path) -> int:
+    print(headline(finish(out)[0]))
+    print(f"report: {out / 'report.md'}")
+    if args.print_report:
+        print("\n" + (out / "report.md").read_text())
+    return 0
 
-    out = Path(args.out)
-    if args.report_only:
-        print(headline(finish(out)))
-        print(f"report: {out / 'report.md'}")
-        if args.print_report:
-            print("\n" + (out / "report.md").read_text())
-        return 0
-    model_config = load_model_config(args.model)
-    config = sweep_config(args, model_config.max_context)     # bad flags fail before the model loads
+
+def _check_run_flags(args: argparse.Namespace) -> None:
     if args.threads is not None:
         import torch
         if args.threads < 1:
@@ -103,22 +112,61 @@ def run_validate(args: argparse.Namespace) -> int:
         raise ConfigError("--jobs must be at least 1")
     if args.jobs > 1 and args.backend != "inprocess":
         raise ConfigError("--jobs splits in-process sweeps; a router backend spreads work over its pools")
-    model = backend = None
+
+
+def _start_backend(args: argparse.Namespace, config: SweepConfig, model_config):
+    """(backend, tokenizer, description); no backend with --jobs > 1 (each worker process makes its own)."""
+    from kvwire.commands.model_args import resolve_device
+    from kvwire.model.registry import load_model, load_tokenizer
+
     if args.jobs > 1:
-        description = f"in-process engine ({resolve_device(args.device)}), {args.jobs} worker processes"
+        return None, None, f"in-process engine ({resolve_device(args.device)}), {args.jobs} worker processes"
+    model = None
+    if args.backend == "inprocess":
+        model, tokenizer = load_model(args.model, device=resolve_device(args.device))
     else:
-        if args.backend == "inprocess":
-            model, tokenizer = load_model(args.model, device=resolve_device(args.device))
-        else:
-            tokenizer = load_tokenizer(args.model)
-        if tokenizer is None:
-            raise ConfigError(f"model {args.model} has no tokenizer; validation needs text")
-        backend = _backend(args, config, model, tokenizer, model_config)
-        description = backend.description
-    meta = {"model": model_config.name, "max_context": model_config.max_context, "backend": description,
+        tokenizer = load_tokenizer(args.model)
+    if tokenizer is None:
+        raise ConfigError(f"model {args.model} has no tokenizer; validation needs text")
+    backend = _backend(args, config, model, tokenizer, model_config)
+    return backend, tokenizer, backend.description
+
+
+def _meta(model_config, description: str) -> dict:
+    return {"model": model_config.name, "max_context": model_config.max_context, "backend": description,
             "machine": machine(), "command": shlex.join([os.path.basename(sys.argv[0]) or "kvwire"] + sys.argv[1:]),
             "started": datetime.datetime.now().isoformat(timespec="seconds")}
-    store = ResultStore.open(out / "results.json", config, meta, fresh=args.fresh)
+
+
+def _print_outputs(args: argparse.Namespace, out: Path, data: dict, rec: dict, plots: list[Path]) -> None:
+    """The closing lines: name only the files this run wrote (no fidelity plot through a router)."""
+    print(headline(rec))
+    bp = baseline_passkey(data)
+    if bp is not None:
+        print(f"bf16 passkey recall: {100 * bp:.1f}%")
+    print(f"results: {out / 'results.json'}")
+    if plots:
+        print(f"plots: {', '.join(str(p) for p in plots)}")
+    print(f"report: {out / 'report.md'}")
+    if args.print_report:
+        print("\n" + (out / "report.md").read_text())
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    from kvwire.model.registry import load_model_config
+    from kvwire.validate.sweep import run_sweep
+
+    out = Path(args.out)
+    if args.report_only:
+        return _report_only(args, out)
+    model_config = load_model_config(args.model)
+    config = sweep_config(args, model_config.max_context)     # bad flags fail before the model loads
+    _check_run_flags(args)
+    make_out_dir(out)
+    if not args.fresh:       # and a results file that cannot be resumed, before a model or router is asked
+        check_resumable(out / "results.json", config)
+    backend, tokenizer, description = _start_backend(args, config, model_config)
+    store = ResultStore.open(out / "results.json", config, _meta(model_config, description), fresh=args.fresh)
     if backend is None:
         from kvwire.validate.parallel import run_parallel
         run_parallel(config, store, args.jobs, args.model, args.device, args.threads or 1,
@@ -129,13 +177,6 @@ def run_validate(args: argparse.Namespace) -> int:
         finally:
             backend.close()
     store.data["meta"]["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
-    rec = finish(out, store.data)
-    print(headline(rec))
-    bp = baseline_passkey(store.data)
-    if bp is not None:
-        print(f"bf16 passkey recall: {100 * bp:.1f}%")
-    print(f"results: {out / 'results.json'}\nplots: {out / 'recall.png'}, {out / 'fidelity.png'}\n"
-          f"report: {out / 'report.md'}")
-    if args.print_report:
-        print("\n" + (out / "report.md").read_text())
+    rec, plots = finish(out, store.data)
+    _print_outputs(args, out, store.data, rec, plots)
     return 0

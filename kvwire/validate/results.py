@@ -13,6 +13,7 @@ from pathlib import Path
 from kvwire.validate.config import ConfigError, SweepConfig, cell_key
 
 SCHEMA = 1
+START_OVER = "pass --fresh to start over or choose another --out"
 
 
 class ResultStore:
@@ -23,17 +24,12 @@ class ResultStore:
     @classmethod
     def open(cls, path: Path, config: SweepConfig, meta: dict, fresh: bool = False) -> "ResultStore":
         """Load ``path`` to resume (same task settings required), or start an empty file."""
-        if path.exists() and not fresh:
-            data = json.loads(path.read_text())
-            if data.get("schema") != SCHEMA:
-                raise ConfigError(f"{path} is not a kvwire validate results file of schema {SCHEMA}")
-            if data.get("fingerprint") != config.fingerprint():
-                raise ConfigError(f"{path} was made with other task settings ({data.get('settings')}); "
-                                  "pass --fresh to start over or choose another --out")
-            data["meta"] = {**data.get("meta", {}), **meta}
-        else:
+        data = None if fresh else check_resumable(path, config)
+        if data is None:
             data = {"schema": SCHEMA, "fingerprint": config.fingerprint(), "settings": config.task_settings(),
                     "meta": meta, "formats": {}, "cells": {}}
+        else:
+            data["meta"] = {**data.get("meta", {}), **meta}
         data["sweep"] = {"formats": list(config.formats), "lengths": list(config.lengths),
                          "tolerance": config.tolerance}
         store = cls(path, data)
@@ -60,8 +56,25 @@ class ResultStore:
         os.replace(tmp, self.path)
 
 
+def check_resumable(path: Path, config: SweepConfig) -> dict | None:
+    """The results at ``path`` if this sweep may add to them, None if there are none; refused if they were
+    made with other task settings (the backend kind included), whose cells would not compare with these."""
+    if not path.exists():
+        return None
+    data = load_results(path)
+    if data.get("fingerprint") != config.fingerprint():
+        changed = config.changed_settings(data.get("settings") or {})
+        raise ConfigError(f"{path} was made with other task settings ({changed or 'its fingerprint differs'}); "
+                          f"{START_OVER}")
+    return data
+
+
 def load_results(path: Path) -> dict:
-    data = json.loads(Path(path).read_text())
-    if data.get("schema") != SCHEMA:
-        raise ConfigError(f"{path} is not a kvwire validate results file of schema {SCHEMA}")
+    """The results file; one a crash or an editor left half-written is refused in one line, not a traceback."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path} is unreadable (not JSON: {exc}); {START_OVER}") from exc
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise ConfigError(f"{path} is not a kvwire validate results file of schema {SCHEMA}; {START_OVER}")
     return data

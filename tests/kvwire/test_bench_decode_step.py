@@ -32,3 +32,10 @@ def test_context_too_short_is_refused():
     from kvwire.bench.decode_step import run
     with pytest.raises(UsageError, match="too short"):
         run(Namespace(model_shape="smollm2-135m", formats="bf16", batch=16, context=20, steps=20, device="cpu"))
+
+
+def test_unknown_model_shape_is_one_line_exit_2(capsys):
+    assert main(["bench", "decode-step", "--device", "cpu", "--model-shape", "nope"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("kvwire bench: error: unknown --model-shape 'nope'") and "smollm2-135m" in err, err
+    assert len(err.splitlines()) == 1, err

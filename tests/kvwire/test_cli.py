@@ -1,4 +1,5 @@
-"""The `kvwire` CLI as a user runs it: real subprocesses, real model."""
+"""The `kvwire` CLI as a user runs it: real subprocesses, real model (in this process only where a
+signal's timing would be a race)."""
 import socket
 import subprocess
 import sys
@@ -75,6 +76,62 @@ def test_a_closed_pipe_ends_quietly():
     err = p.stderr.read()
     assert p.wait(timeout=300) == 141, err
     assert "Traceback" not in err and "Exception ignored" not in err, err
+
+
+@pytest.mark.parametrize("size", ["0", "-16"])
+def test_formats_with_a_bad_page_size_is_one_line_exit_2(size):
+    assert_one_line_error(kvwire("formats", "--page-size", size), "--page-size must be at least 1", size)
+
+
+SMALL_SWEEP = ["--formats", "bf16", "--lengths", "320", "--questions", "1", "--prefix-cold", "1", "--no-progress"]
+
+
+def test_validate_without_a_router_is_one_line_exit_2_promptly():
+    """It waited 120 s, then printed a grpc.FutureTimeoutError traceback."""
+    r = kvwire("validate", "--backend", "router", "--target", NO_ROUTER, *SMALL_SWEEP, "--out", "/nonexistent/x",
+               timeout=60)
+    assert_one_line_error(r, f"no router answering at {NO_ROUTER}", "kvwire serve", "--target")
+
+
+@pytest.mark.parametrize("out, words", [
+    ("{file}", ["is a file, not a directory"]),
+    ("{file}/sub", ["cannot create the directory", "Not a directory"]),
+    ("/sys/kernel/kvwire-test", ["cannot create the directory", "/sys/kernel/kvwire-test"]),
+])
+def test_validate_out_that_cannot_be_a_directory_is_one_line_exit_2(tmp_path, out, words):
+    (tmp_path / "file").write_text("not a directory\n")
+    out = out.format(file=tmp_path / "file")
+    assert_one_line_error(kvwire("validate", *SMALL_SWEEP, "--out", out, timeout=120), "--out", *words)
+
+
+def test_validate_resume_with_another_backend_kind_is_one_line_exit_2(tmp_path):
+    """In-process results (fidelity, cold answers) must not be mixed with routed ones in one report."""
+    from kvwire.model.registry import load_model_config
+    from kvwire.validate.cli import build_parser
+    from kvwire.validate.main import sweep_config
+    from kvwire.validate.results import ResultStore
+
+    args = build_parser().parse_args(SMALL_SWEEP)
+    config = sweep_config(args, load_model_config(args.model).max_context)
+    ResultStore.open(tmp_path / "results.json", config, {"backend": "in-process engine (cpu)"})
+    r = kvwire("validate", "--backend", "router", "--target", NO_ROUTER, *SMALL_SWEEP, "--out", str(tmp_path),
+               timeout=60)
+    assert_one_line_error(r, "backend 'inprocess' there, 'routed' now", "--fresh", "another --out")
+
+
+def test_validate_interrupted_says_the_finished_cells_are_kept(monkeypatch, capsys):
+    """In this process: a real Ctrl-C's moment would race the imports. `kvwire validate` answered with
+    the generic "kvwire: interrupted" of the top-level handler."""
+    import kvwire.validate.main
+    from kvwire.cli import main
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(kvwire.validate.main, "run_validate", interrupted)
+    assert main(["validate", *SMALL_SWEEP]) == 130
+    assert capsys.readouterr().err.strip() == ("kvwire validate: interrupted (finished cells are saved; "
+                                               "run again to resume)")
 
 
 def test_help_lists_commands():

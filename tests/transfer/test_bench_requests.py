@@ -1,12 +1,15 @@
-"""`kvwire bench transfer` on DRAM: wire bytes per request match the format's bytes per token."""
+"""`kvwire bench transfer` on DRAM: wire bytes per request match the format's bytes per token; bad
+arguments are one line and exit 2 before anything starts."""
 import argparse
 
 import pytest
+import torch
 
-pytest.importorskip("nixl")
+from kvwire.cli import main
 
 
 def test_wire_bytes_match_format_within_one_percent():
+    pytest.importorskip("nixl")
     from transfer.bench_requests import format_table, run
     args = argparse.Namespace(prompts="100,1000", formats="bf16,fp8-token,nvfp4,fp8-token/nvfp4",
                               shape="smollm2-135m", device="cpu", reps=1)
@@ -20,3 +23,25 @@ def test_wire_bytes_match_format_within_one_percent():
     assert ratios["bf16"] == 1.0
     assert ratios["nvfp4"] < ratios["fp8-token/nvfp4"] < ratios["fp8-token"] < 0.55
     assert "wire MB" in format_table(result)
+
+
+@pytest.mark.parametrize("args, words", [
+    pytest.param(["--device", "cuda"], ["CUDA is not available", "--device cpu"],
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")),
+    (["--device", "bogus"], ["'bogus' is not a device", "cpu, cuda"]),
+    (["--device", "meta"], ["DRAM (cpu) or VRAM (cuda)"]),
+    (["--prompts", "0"], ["--prompts", "at least 17 tokens"]),
+    (["--prompts", "abc"], ["--prompts takes comma-separated token counts", "'abc'"]),
+    (["--prompts", "1024,"], ["--prompts takes comma-separated token counts"]),
+    (["--shape", "nope"], ["unknown --shape 'nope'", "llama-3-8b"]),
+    (["--reps", "0"], ["--reps must be at least 1"]),
+    (["--formats", "bf16,fp4"], ["unknown KV format 'fp4'"]),
+])
+def test_bad_arguments_are_one_line_exit_2(capsys, args, words):
+    small = ["--device", "cpu", "--prompts", "100", "--shape", "smollm2-135m", "--reps", "1"]   # should one run
+    assert main(["bench", "transfer", *small, *args]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvwire bench: error: "), captured.err
+    assert all(w in lines[0] for w in words), lines[0]
+    assert "[bench transfer]" not in captured.out, "refused before the first format ran"

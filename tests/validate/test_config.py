@@ -1,9 +1,11 @@
 """Sweep settings: bf16 always runs first, bad settings are refused, fingerprints track results."""
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 
-from kvwire.validate.config import ConfigError, SweepConfig
+from kvwire.validate.config import ConfigError, SweepConfig, backend_kind
 
 
 def test_bf16_is_added_and_runs_first():
@@ -43,3 +45,23 @@ def test_fingerprint_follows_task_settings_only():
     assert base.fingerprint() == dataclasses.replace(base, tolerance=5.0, formats=("nvfp4",)).fingerprint()
     assert base.fingerprint() != dataclasses.replace(base, seed=1).fingerprint()
     assert base.fingerprint() != dataclasses.replace(base, questions=2, prefix_cold=1).fingerprint()
+
+
+def test_backend_kind_is_a_task_setting():
+    """Routed cells have no fidelity and cold answers only on first asks: they must not mix with in-process
+    ones. `router` and `ray` both go through a router, so they share a kind."""
+    base = SweepConfig()
+    routed = dataclasses.replace(base, backend=backend_kind("router"))
+    assert backend_kind("ray") == backend_kind("router") != backend_kind("inprocess")
+    assert routed.fingerprint() != base.fingerprint()
+    assert "backend 'inprocess' there, 'routed' now" in routed.changed_settings(base.task_settings())
+    with pytest.raises(ConfigError, match="backend"):
+        backend_kind("grpc")
+    with pytest.raises(ConfigError, match="backend kind"):
+        SweepConfig(backend="router")
+
+
+def test_in_process_fingerprint_is_unchanged_for_older_results_files():
+    """Results written before the backend kind was recorded (all in-process) still resume."""
+    data = json.loads((Path(__file__).parents[2] / "docs/validation/cpu/results.json").read_text())
+    assert SweepConfig(**data["settings"]).fingerprint() == data["fingerprint"]

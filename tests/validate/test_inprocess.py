@@ -85,7 +85,8 @@ def test_cli_sweep_outputs_and_resume(tiny_sweep, capsys):
     before = (out / "results.json").read_text()
     capsys.readouterr()
     assert main(ARGS + ["--out", str(out)]) == 0, "resume"
-    assert "recommendation:" in capsys.readouterr().out
+    stdout = capsys.readouterr().out
+    assert "recommendation:" in stdout and f"plots: {out / 'recall.png'}, {out / 'fidelity.png'}\n" in stdout
     after = json.loads((out / "results.json").read_text())
     assert after["cells"] == json.loads(before)["cells"], "a finished sweep recomputes nothing"
 

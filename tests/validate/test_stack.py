@@ -63,6 +63,7 @@ def test_sweep_through_kvwire_serve(tmp_path, inprocess):
     finally:
         served.stop()
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert f"plots: {out / 'recall.png'}\n" in run.stdout, "no fidelity plot through a router, so none named"
     data = check_outputs(out, inprocess)
     assert "router at 127.0.0.1" in data["meta"]["backend"]
 

@@ -1,5 +1,6 @@
 """The sweep's bookkeeping with an oracle backend (no model): cells, counts, prefix reuse,
 resume, determinism, and the files a sweep leaves (JSON, PNG, report)."""
+import dataclasses
 import json
 
 import pytest
@@ -61,10 +62,29 @@ def test_other_task_settings_refuse_to_resume(tmp_path, oracle):
     assert len(sweep(tmp_path, oracle(), other, fresh=True)["cells"]) == 6
 
 
+def test_another_backend_kind_refuses_to_resume(tmp_path, oracle):
+    sweep(tmp_path, oracle())
+    routed = dataclasses.replace(CONFIG, backend="routed")
+    with pytest.raises(ConfigError, match="backend 'inprocess' there, 'routed' now.*--fresh"):
+        sweep(tmp_path, oracle(), routed)
+    assert sweep(tmp_path, oracle(), routed, fresh=True)["settings"]["backend"] == "routed"
+
+
+@pytest.mark.parametrize("text", ['{"schema": 1, "cells": {"bf16@5', "", "\xff\xfe"])
+def test_an_unreadable_results_file_is_refused_in_one_line(tmp_path, oracle, text):
+    (tmp_path / "results.json").write_bytes(text.encode("latin-1"))
+    with pytest.raises(ConfigError, match="results.json is unreadable.*--fresh"):
+        sweep(tmp_path, oracle())
+    with pytest.raises(ConfigError, match="unreadable"):
+        finish(tmp_path)
+    assert len(sweep(tmp_path, oracle(), fresh=True)["cells"]) == 6
+
+
 def test_outputs_and_recommendation(tmp_path, oracle):
     sweep(tmp_path, oracle({("nvfp4", "citation"): 600}))
-    rec = finish(tmp_path)
+    rec, plots = finish(tmp_path)
     assert rec["format"] == "fp8-token", "nvfp4 is cheaper but loses citation at 768"
+    assert plots == [tmp_path / "recall.png"], "only the plots written are named"
     for name in ("recall.png", "report.md"):
         assert (tmp_path / name).stat().st_size > 1000
     assert (tmp_path / "recall.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -66,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
     _check_counts(args)
     if args.router:
         return run_remote(args)
+    if args.pool:
+        raise UsageError("--pool names a pool of a router: it needs --router HOST:PORT")
     from kvwire.calibration import CALIBRATION_TEXT
     from kvwire.engine import Engine, EngineConfig
     from kvwire.model.tokenizer import StreamDecoder

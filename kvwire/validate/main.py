@@ -26,6 +26,10 @@ def sweep_config(args: argparse.Namespace, max_context: int) -> SweepConfig:
                          probe_positions=args.probe_positions, page_size=args.page_size,
                          chunk_size=args.chunk_size, model=args.model,
                          backend=backend_kind(args.backend)).fit_lengths(max_context)
+    clipped = sorted(n for n in args.lengths if n not in config.lengths)
+    if clipped:
+        print(f"[validate] lengths {', '.join(map(str, clipped))} clipped to {max(config.lengths)}: the model's "
+              f"context is {max_context}, less room for the question and answer", file=sys.stderr, flush=True)
     if args.max_length is not None:
         kept = tuple(n for n in config.lengths if n <= args.max_length)
         if not kept:

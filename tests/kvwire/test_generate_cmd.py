@@ -17,3 +17,9 @@ def test_a_dummy_shape_without_a_tokenizer_is_refused_before_loading():
                         "llama-3-8b", "--device", "cpu", "hi"], capture_output=True, text=True, timeout=120,
                        preexec_fn=_limited)
     assert_one_line_error(r, "llama-3-8b", "no tokenizer", "smollm2-135m")
+
+
+def test_pool_without_router_is_refused():
+    r = subprocess.run([sys.executable, "-m", "kvwire.cli", "generate", "--pool", "smollm2-bf16", "hi"],
+                       capture_output=True, text=True, timeout=120)
+    assert_one_line_error(r, "--pool", "--router")

@@ -65,3 +65,15 @@ def test_in_process_fingerprint_is_unchanged_for_older_results_files():
     """Results written before the backend kind was recorded (all in-process) still resume."""
     data = json.loads((Path(__file__).parents[2] / "docs/validation/cpu/results.json").read_text())
     assert SweepConfig(**data["settings"]).fingerprint() == data["fingerprint"]
+
+
+def test_clipped_lengths_are_announced(capsys):
+    from kvwire.validate.cli import build_parser
+    from kvwire.validate.main import sweep_config
+
+    config = sweep_config(build_parser().parse_args(["--lengths", "1024,16384"]), 8192)
+    assert config.lengths[0] == 1024 and config.lengths[1] < 8192
+    err = capsys.readouterr().err
+    assert "lengths 16384 clipped to" in err and "context is 8192" in err
+    sweep_config(build_parser().parse_args(["--lengths", "1024,2048"]), 8192)
+    assert capsys.readouterr().err == ""

@@ -5,10 +5,12 @@ moves; then pages and a tail slot are reserved (waiting, not failing, while the 
 batch is full). A request is admitted only when the pool can also hold every page it may grow
 to (prompt + ``max_tokens``, within the context) on top of what the admitted requests may still
 grow to, so a running batch never runs out of pages mid-stream (TensorRT-LLM calls this policy
-"guaranteed no evict"); a request that could not fit in the whole pool is refused at once. Push (the default, measured faster: docs/benchmarks.md): the prefill worker
-WRITEs into the reserved pages, then ``activate``. Pull: ``admit`` READs them from the prefill
-worker's pool, and the transport's notice tells the prefill side it may free them. Every step decodes one token for every running
-request; requests join and leave between steps. Finished, failed and aborted requests free
+"guaranteed no evict"); a request that could not fit in the whole pool is refused at once.
+
+Push (the default, measured faster: docs/benchmarks.md): the prefill worker WRITEs into the
+reserved pages, then ``activate``. Pull: ``admit`` READs them from the prefill worker's pool, and
+the transport's notice tells the prefill side it may free them. Every step decodes one token for
+every running request; requests join and leave between steps. Finished, failed and aborted requests free
 their pages at once.
 """
 from __future__ import annotations

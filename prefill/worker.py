@@ -5,9 +5,9 @@ has them (``transfer.manifest.done_notice``, delivered by the transport after th
 explicit ``release``, or ``hold_timeout_s`` (a decode worker that died never answers).
 
 A prompt waits (up to ``wait_s``, in arrival order) while the pool is short of pages that held
-requests will free; one that needs more pages than the pool has is refused at once (``CapacityError``). The lock is
-held through a whole prefill (seconds for a long prompt), so the probes the router sends meanwhile
-(``counters``, ``cached_prefix_pages``) read without it.
+requests will free; one that needs more pages than the pool has is refused at once
+(``CapacityError``). The lock is held through a whole prefill (seconds for a long prompt), so the
+probes the router sends meanwhile (``counters``, ``cached_prefix_pages``) read without it.
 """
 from __future__ import annotations
 

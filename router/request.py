@@ -47,7 +47,7 @@ def _worker_error(what: str, exc: BaseException) -> RequestError:
     Ray traceback goes to the router's log, not to the client), and the kind of failure."""
     cause = getattr(exc, "cause", None) if isinstance(exc, ray.exceptions.RayTaskError) else None
     if isinstance(cause, BaseException):
-        log.info("%s: %s", what, exc)
+        log.warning("%s: %s", what, exc)
         exc = cause
     if isinstance(exc, CapacityError):
         failure = Failure.TOO_LARGE

@@ -43,18 +43,21 @@ class RequestError(RuntimeError):
 
 
 def _worker_error(what: str, exc: BaseException) -> RequestError:
-    """A RequestError for a call a worker raised from: the worker's own message in one line (the
-    Ray traceback goes to the router's log, not to the client), and the kind of failure."""
+    """A RequestError for a call a worker raised from: the worker's own message in one line, and the
+    kind of failure. A worker fault's Ray traceback goes to the router's log, not to the client."""
     cause = getattr(exc, "cause", None) if isinstance(exc, ray.exceptions.RayTaskError) else None
     if isinstance(cause, BaseException):
-        log.warning("%s: %s", what, exc)
-        exc = cause
+        traceback, exc = exc, cause
+    else:
+        traceback = None
     if isinstance(exc, CapacityError):
         failure = Failure.TOO_LARGE
     elif isinstance(exc, NoRoomError):
         failure = Failure.NO_ROOM
     else:
         failure = Failure.WORKER
+        if traceback is not None:          # a worker's fault, not the request's: keep where it happened
+            log.warning("%s: %s", what, traceback)
     return RequestError(f"{what}: {type(exc).__name__}: {exc}", failure=failure)
 
 

@@ -15,7 +15,6 @@ their pages at once.
 """
 from __future__ import annotations
 
-import collections
 import queue
 import threading
 import time
@@ -65,7 +64,6 @@ class DecodeWorker(WorkerEndpoint):
         self._running: dict[str, _Request] = {}
         self._finished: dict[str, _Request] = {}     # done, final reason not yet read (insertion order)
         self._reserved: dict[str, tuple] = {}      # rid -> (manifest, pages, tail slot, params, max pages)
-        self._waiting: collections.deque[str] = collections.deque()   # reservations waiting, in arrival order
         self._lock = threading.Lock()              # pool, tails, runner and the request maps
         self._changed = threading.Condition(self._lock)
         # Token output has its own condition: pollers must not queue for the lock the decode loop
@@ -162,9 +160,9 @@ class DecodeWorker(WorkerEndpoint):
 
     def _max_pages(self, num_tokens: int, num_pages: int, params: SamplingParams) -> int:
         """Pages a request holds at its longest: the K/V of prompt + max_tokens - 1 tokens (the last
-        sampled token is never written), capped by the context, less the bf16 tail page."""
+        sampled token is never written), capped by the context, by the runner's page rule."""
         longest = min(num_tokens + params.max_tokens - 1, self.engine.max_context)
-        return max(num_pages, (longest - 1) // self.cfg.page_size)
+        return max(num_pages, self.engine.runner.pages_needed(SequenceKV(), longest))
 
     def _growth_promised(self) -> int:
         """Pages the admitted requests may still take (caller holds the lock)."""
@@ -179,21 +177,13 @@ class DecodeWorker(WorkerEndpoint):
         if max_pages > self.kv.pool.num_pages:
             raise CapacityError(f"request {rid} may grow to {max_pages} pages (prompt and max_tokens); "
                                 f"{self.cfg.name} has {self.kv.pool.num_pages} in all (num_pages)")
-        deadline = time.monotonic() + timeout_s
         with self._lock:
             if rid in self._running or rid in self._reserved or rid in self._waiting:
                 raise ValueError(f"request {rid!r} is already running on {self.cfg.name}")
-            self._waiting.append(rid)
-            try:
-                while not (self._waiting[0] == rid and self._has_room(max_pages)):
-                    left = deadline - time.monotonic()
-                    if left <= 0 or self._stop:
-                        raise NoRoomError(f"{self.cfg.name} had no room for {max_pages} pages (prompt and "
-                                          f"max_tokens) within {timeout_s:.0f} s")
-                    self._changed.wait(left)
-            finally:
-                self._waiting.remove(rid)
-                self._changed.notify_all()          # the next waiter may be at the head now
+            if not self._wait_in_turn(self._changed, rid, lambda: self._has_room(max_pages), timeout_s,
+                                      stop=lambda: self._stop) or self._stop:
+                raise NoRoomError(f"{self.cfg.name} had no room for {max_pages} pages (prompt and "
+                                  f"max_tokens) within {timeout_s:.0f} s")
             pages, slot = self.kv.pool.allocate(len(m.page_ids)), self.kv.tails.allocate()
             self._reserved[rid] = (m, pages, slot, params, max_pages)
             return pages

@@ -11,7 +11,6 @@ probes the router sends meanwhile (``counters``, ``cached_prefix_pages``) read w
 """
 from __future__ import annotations
 
-import collections
 import threading
 import time
 from dataclasses import dataclass
@@ -37,7 +36,6 @@ class PrefillWorker(WorkerEndpoint):
         self._held: dict[str, _Held] = {}
         self._lock = threading.Lock()
         self._freed = threading.Condition(self._lock)     # pages were released: waiting prompts look again
-        self._waiting: collections.deque[str] = collections.deque()   # prompts waiting for pages, in order
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch_notices, name=f"{cfg.name}-notices", daemon=True)
         self._thread.start()
@@ -61,7 +59,7 @@ class PrefillWorker(WorkerEndpoint):
         NoRoomError if they were not freed in time.
         """
         self.engine.validate(prompt_ids, params)
-        needed = (len(prompt_ids) - 1) // self.cfg.page_size      # full pages; the tail page stays bf16
+        needed = self.engine.runner.pages_needed(SequenceKV(), len(prompt_ids))    # the tail page stays bf16
         if needed > self.kv.pool.num_pages:
             raise CapacityError(f"a prompt of {len(prompt_ids)} tokens needs {needed} pages; {self.cfg.name} "
                                 f"has {self.kv.pool.num_pages} in all (num_pages)")
@@ -87,17 +85,11 @@ class PrefillWorker(WorkerEndpoint):
         return {"manifest": manifest.encode(), "prefix_pages_reused": seq.prefix_pages_reused}
 
     def _wait_for_room(self, request_id: str, pages: int, wait_s: float) -> None:
-        """Wait (caller holds the lock) until ``pages`` and a tail slot are free and every prompt that
-        came earlier has gone: arrival order, so a long prompt is not passed over by short ones."""
-        self._waiting.append(request_id)
-        try:
-            if not self._freed.wait_for(lambda: self._waiting[0] == request_id and self.kv.pool.can_allocate(pages)
-                                        and self.kv.tails.free_slots > 0, wait_s):
-                raise NoRoomError(f"{self.cfg.name} had no room for {pages} pages and a tail page within "
-                                  f"{wait_s:.0f} s ({len(self._held)} requests hold pages awaiting their transfer)")
-        finally:
-            self._waiting.remove(request_id)
-            self._freed.notify_all()                # the next prompt may be first now
+        """Wait in turn (caller holds the lock) until ``pages`` and a tail slot are free."""
+        room = lambda: self.kv.pool.can_allocate(pages) and self.kv.tails.free_slots > 0  # noqa: E731
+        if not self._wait_in_turn(self._freed, request_id, room, wait_s):
+            raise NoRoomError(f"{self.cfg.name} had no room for {pages} pages and a tail page within "
+                              f"{wait_s:.0f} s ({len(self._held)} requests hold pages awaiting their transfer)")
 
     def push(self, request_id: str, peer: str, remote_pages: list[int], deadline_s: float | None = None) -> dict:
         """Push mode: WRITE a held request's pages into ``peer``'s reserved pages, then free ours.

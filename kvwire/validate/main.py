@@ -167,10 +167,10 @@ def run_validate(args: argparse.Namespace) -> int:
     config = sweep_config(args, model_config.max_context)     # bad flags fail before the model loads
     _check_run_flags(args)
     make_out_dir(out)
-    if not args.fresh:       # and a results file that cannot be resumed, before a model or router is asked
-        check_resumable(out / "results.json", config)
+    # a results file that cannot be resumed fails here, before a model or router is asked
+    resumed = None if args.fresh else check_resumable(out / "results.json", config)
     backend, tokenizer, description = _start_backend(args, config, model_config)
-    store = ResultStore.open(out / "results.json", config, _meta(model_config, description), fresh=args.fresh)
+    store = ResultStore.start(out / "results.json", config, _meta(model_config, description), resumed)
     if backend is None:
         from kvwire.validate.parallel import run_parallel
         run_parallel(config, store, args.jobs, args.model, args.device, args.threads or 1,

@@ -24,7 +24,12 @@ class ResultStore:
     @classmethod
     def open(cls, path: Path, config: SweepConfig, meta: dict, fresh: bool = False) -> "ResultStore":
         """Load ``path`` to resume (same task settings required), or start an empty file."""
-        data = None if fresh else check_resumable(path, config)
+        return cls.start(path, config, meta, None if fresh else check_resumable(path, config))
+
+    @classmethod
+    def start(cls, path: Path, config: SweepConfig, meta: dict, resumed: dict | None) -> "ResultStore":
+        """A store on ``resumed`` (what ``check_resumable`` returned), or on an empty file for None."""
+        data = resumed
         if data is None:
             data = {"schema": SCHEMA, "fingerprint": config.fingerprint(), "settings": config.task_settings(),
                     "meta": meta, "formats": {}, "cells": {}}

@@ -12,6 +12,7 @@ not silently fall back to a default). Example (TOML)::
     max_inflight = 32      # requests on the workers at once
     max_queue = 64         # requests waiting beyond that; more get RESOURCE_EXHAUSTED
     default_pool = "smollm2-bf16"
+    drain_timeout_s = 30   # on SIGTERM/Ctrl-C: new requests are refused, in-flight ones get this long
 
     [[pools]]
     name = "smollm2-bf16"
@@ -124,6 +125,7 @@ class RouterConfig:
     default_pool: str | None = None
     request_timeout_s: float = 600.0              # used when the client sets no deadline
     max_attempts: int = 2                         # a request whose prefill worker dies is retried once
+    drain_timeout_s: float = 30.0                 # on stop, in-flight streams get this long to finish
 
     def __post_init__(self) -> None:
         if not _is_port(self.port):
@@ -139,6 +141,10 @@ class RouterConfig:
             raise ConfigError(f"router.max_attempts must be at least 1, got {self.max_attempts!r}")
         if self.request_timeout_s <= 0:
             raise ConfigError("router.request_timeout_s must be positive")
+        if (not isinstance(self.drain_timeout_s, (int, float)) or isinstance(self.drain_timeout_s, bool)
+                or not 0 <= self.drain_timeout_s <= 3600):
+            raise ConfigError("router.drain_timeout_s must be a number of seconds from 0 to 3600, got "
+                              f"{self.drain_timeout_s!r}")
 
 
 @dataclass(frozen=True)

@@ -73,14 +73,22 @@ class RunningRouter:
     _stopped: Future
     _owns_ray: bool
     _stop_event: asyncio.Event = field(repr=False, default=None)
+    _hurry_event: asyncio.Event = field(repr=False, default=None)
 
     def stop(self) -> None:
-        """Stop serving, shut the workers down, and stop Ray if this router started it (idempotent)."""
+        """Stop serving: refuse new requests, let in-flight ones finish for up to router.drain_timeout_s
+        (or until ``hurry``), shut the workers down, and stop Ray if this router started it (idempotent)."""
         if self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._stop_event.set)
-            self._thread.join(timeout=60)
+            self._thread.join(timeout=self.config.router.drain_timeout_s + 60)
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
+
+    def hurry(self) -> None:
+        """End a drain now: streams still in flight are cancelled (their pages freed). Thread-safe; a
+        second Ctrl-C calls it while ``stop`` waits."""
+        if self._thread.is_alive() and self._hurry_event is not None:
+            self._loop.call_soon_threadsafe(self._hurry_event.set)
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Block until the router stops (True) or the timeout passes (False)."""
@@ -128,7 +136,7 @@ def start_router(config: ServeConfig, ray_address: str | None = None,
             ray.shutdown()
         raise
     return RunningRouter(config, target, metrics_port, holder["pools"], loop, thread, stopped, owns_ray,
-                         holder["stop"])
+                         holder["stop"], holder["hurry"])
 
 
 def check_ports_free(config: ServeConfig) -> None:
@@ -169,13 +177,13 @@ def _listen(server: grpc.aio.Server, host: str, port: int) -> int:
 
 
 async def _serve(config: ServeConfig, progress: Callable[[str], None], ready: Future, holder: dict) -> None:
-    stop = asyncio.Event()
-    holder["stop"] = stop
+    stop, hurry = asyncio.Event(), asyncio.Event()
+    holder["stop"], holder["hurry"] = stop, hurry
     pools: dict[str, WorkerPool] = {}
     tokenizers = {}
     holder["pools"] = pools
     metrics = RouterMetrics()
-    server = None
+    server = service = None
     try:
         auto = auto_gpus_per_worker(config)
         for pc in config.pools:
@@ -208,6 +216,27 @@ async def _serve(config: ServeConfig, progress: Callable[[str], None], ready: Fu
             await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     finally:
         if server is not None:
-            await server.stop(grace=2.0)
+            await _drain(server, service.inflight if service else 0, config.router.drain_timeout_s, hurry,
+                         progress)
         metrics.stop()
         await asyncio.gather(*(p.stop() for p in pools.values()), return_exceptions=True)
+
+
+async def _drain(server: grpc.aio.Server, inflight: int, grace_s: float, hurry: asyncio.Event,
+                 progress: Callable[[str], None]) -> None:
+    """Stop the gRPC server: new calls are refused at once, calls in flight get ``grace_s`` to finish
+    (a rolling update must not cut streams off), unless ``hurry`` is set first; then they are cancelled,
+    which frees their pages as a client's cancel does."""
+    if inflight and grace_s:
+        progress(f"draining {inflight} in-flight request(s) for up to {grace_s:g} s "
+                 "(Ctrl-C again to cancel them now)")
+    stopping = asyncio.ensure_future(server.stop(grace=grace_s))
+    hurried = asyncio.ensure_future(hurry.wait())
+    try:
+        await asyncio.wait({stopping, hurried}, return_when=asyncio.FIRST_COMPLETED)
+        if not stopping.done():
+            progress("cancelling the requests still in flight")
+            await server.stop(grace=None)
+        await stopping
+    finally:
+        hurried.cancel()

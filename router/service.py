@@ -143,6 +143,11 @@ class RouterService(pb_grpc.RouterServicer):
             raise InvalidArgument(str(exc)) from None
         return Prepared(pool, ids, params, req.request_id or uuid.uuid4().hex[:16])
 
+    @property
+    def inflight(self) -> int:
+        """Requests admitted and not yet ended (what a drain waits for)."""
+        return len(self._active)
+
     # ---- Generate ----
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         try:
@@ -167,6 +172,7 @@ class RouterService(pb_grpc.RouterServicer):
             outcome = "rejected"
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         except TimeoutError:
+            outcome = "cancelled"   # by its deadline, whichever side noticed first (the client's ends as a cancel)
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
                                 f"request {prep.request_id} passed the router's {self._timeout(context):.0f} s limit")
         except NoWorkerError as exc:

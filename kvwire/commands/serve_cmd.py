@@ -36,6 +36,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
                    help="GPU decode steps replayed from CUDA graphs, when no --config (default on; "
                         "--no-cuda-graphs runs every step eagerly)")
+    p.add_argument("--drain-timeout", type=float, metavar="SECONDS",
+                   help="on Ctrl-C or SIGTERM, refuse new requests and give those in flight this long to "
+                        "finish (default 30; 0 cancels them at once; a second Ctrl-C cancels them now)")
     p.set_defaults(run=run)
 
 
@@ -63,8 +66,8 @@ def build_config(args: argparse.Namespace):
             config = ServeConfig(pools=(PoolConfig(f"smollm2-{fmt.replace('/', '-')}", kv_format=fmt,
                                                    device=args.device or "auto", num_pages=args.num_pages,
                                                    cuda_graphs=args.cuda_graphs is not False),))
-        overrides = {k: v for k, v in (("host", args.host), ("port", args.port),
-                                        ("metrics_port", args.metrics_port)) if v is not None}
+        overrides = {k: v for k, v in (("host", args.host), ("port", args.port), ("metrics_port", args.metrics_port),
+                                        ("drain_timeout_s", args.drain_timeout)) if v is not None}
         if overrides:
             config = dataclasses.replace(config, router=dataclasses.replace(config.router, **overrides))
     except ConfigError as exc:
@@ -84,12 +87,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"[kvwire] {msg}", file=sys.stderr, flush=True)
 
     stop = threading.Event()
+    running = []    # the router once started: a signal during its drain ends the drain
+
+    def on_signal(*_) -> None:
+        if stop.is_set() and running:
+            running[0].hurry()
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):    # SIGHUP: its terminal closed
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
     try:
         router = start_router(config, ray_address=args.address, progress=progress)
     except OSError as exc:
         raise UsageError(f"cannot start the router: {exc}") from exc
+    running.append(router)
     try:
         print(f"[kvwire] serving on {router.target} (gRPC kvwire.v1.Router, health, reflection)", flush=True)
         if router.metrics_port:

@@ -8,6 +8,7 @@ import os
 import platform
 import shlex
 import sys
+import tempfile
 from pathlib import Path
 
 from kvwire.validate.config import ConfigError, SweepConfig, backend_kind
@@ -48,8 +49,8 @@ def machine() -> str:
 
 
 def make_out_dir(out: Path) -> None:
-    """Create --out before the model loads, so that a path that cannot be a directory fails early in one
-    line. Only these errors are the user's path; other OSErrors stay tracebacks (they may be bugs)."""
+    """Create --out and write a scratch file there before the model loads, so that a path that cannot be a
+    directory, or a directory nothing can be written to (read-only filesystem), fails early in one line."""
     try:
         out.mkdir(parents=True, exist_ok=True)
     except FileExistsError as exc:
@@ -57,6 +58,12 @@ def make_out_dir(out: Path) -> None:
     except (NotADirectoryError, PermissionError) as exc:
         raise ConfigError(f"--out {out}: cannot create the directory ({exc.strerror}: {exc.filename}); "
                           "choose another --out") from exc
+    try:   # an existing directory on a read-only filesystem, or not ours (root passes os.access checks)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"--out {out}: cannot write a file there ({exc.strerror}); choose another --out") \
+            from exc
 
 
 def finish(out: Path, data: dict | None = None) -> tuple[dict, list[Path]]:
@@ -98,7 +105,36 @@ def _backend(args: argparse.Namespace, config: SweepConfig, model, tokenizer, mo
     return RayRouterBackend(args.ray_address, template, bpt)
 
 
+# What --report-only reads from results.json instead of the command line: the flags a run would use.
+_RUN_FLAGS = ("formats", "all_formats", "lengths", "max_length", "samples", "questions", "prefix_cold", "seed",
+              "tolerance", "probe_positions", "page_size", "chunk_size", "backend", "target", "ray_address",
+              "transport", "prefill_resource", "decode_resource", "model", "device", "threads", "jobs", "fresh")
+
+
+def _check_report_only_flags(args: argparse.Namespace) -> None:
+    """A run's flag beside --report-only would be silently ignored (the report is redrawn as it was run)."""
+    from kvwire.validate.cli import build_parser
+
+    defaults = build_parser().parse_args([])
+    given = [name for name in _RUN_FLAGS if getattr(args, name) != getattr(defaults, name)]
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise ConfigError(f"--report-only redraws the report from results.json as it was run; drop {flags} "
+                          "(or drop --report-only to run a sweep)")
+
+
+def command_line(argv: list[str]) -> str:
+    """The command as typed: under `python -m kvwire.validate` (what `ray job submit` runs) argv[0] is
+    .../kvwire/validate/__main__.py, whose name alone says nothing."""
+    path = Path(argv[0]) if argv else Path("kvwire")
+    modules = {("validate", "__main__.py"): "kvwire.validate", ("kvwire", "cli.py"): "kvwire.cli"}
+    module = modules.get((path.parent.name, path.name))
+    program = ["python", "-m", module] if module else [path.name]
+    return shlex.join(program + argv[1:])
+
+
 def _report_only(args: argparse.Namespace, out: Path) -> int:
+    _check_report_only_flags(args)
     print(headline(finish(out)[0]))
     print(f"report: {out / 'report.md'}")
     if args.print_report:
@@ -138,7 +174,7 @@ def _start_backend(args: argparse.Namespace, config: SweepConfig, model_config):
 
 def _meta(model_config, description: str) -> dict:
     return {"model": model_config.name, "max_context": model_config.max_context, "backend": description,
-            "machine": machine(), "command": shlex.join([os.path.basename(sys.argv[0]) or "kvwire"] + sys.argv[1:]),
+            "machine": machine(), "command": command_line(sys.argv),
             "started": datetime.datetime.now().isoformat(timespec="seconds")}
 
 

@@ -104,6 +104,29 @@ def test_validate_out_that_cannot_be_a_directory_is_one_line_exit_2(tmp_path, ou
     assert_one_line_error(kvwire("validate", *SMALL_SWEEP, "--out", out, timeout=120), "--out", *words)
 
 
+def test_validate_out_that_cannot_be_written_is_one_line_exit_2():
+    """An existing directory nothing can be written to (a read-only filesystem; /proc here, as root passes
+    permission checks) was a traceback from the first write of results.json, after the model loaded."""
+    assert_one_line_error(kvwire("validate", *SMALL_SWEEP, "--out", "/proc", timeout=120),
+                          "--out /proc", "cannot write a file there")
+
+
+def test_validate_report_only_refuses_the_flags_of_a_run(tmp_path):
+    """--report-only redraws results.json as it was run; `--formats bogus` beside it was silently ignored."""
+    r = kvwire("validate", "--report-only", "--formats", "bogus", "--max-length", "512", "--out", str(tmp_path),
+               timeout=60)
+    assert_one_line_error(r, "--report-only", "drop --formats, --max-length")
+
+
+def test_validate_records_the_command_as_typed():
+    """Under `python -m kvwire.validate` (a Ray job) the report said the command was `__main__.py ...`."""
+    from kvwire.validate.main import command_line
+
+    assert command_line(["/w/kvwire/validate/__main__.py", "--out", "a b"]) == "python -m kvwire.validate --out 'a b'"
+    assert command_line(["/w/kvwire/cli.py", "validate"]) == "python -m kvwire.cli validate"
+    assert command_line(["/venv/bin/kvwire", "validate", "--fresh"]) == "kvwire validate --fresh"
+
+
 def test_validate_resume_with_another_backend_kind_is_one_line_exit_2(tmp_path):
     """In-process results (fidelity, cold answers) must not be mixed with routed ones in one report."""
     from kvwire.model.registry import load_model_config
@@ -168,3 +191,19 @@ def test_generate_streams_paris_and_reuses_prefix_on_repeat():
     assert "Paris" in r.stdout
     assert "pages written 1 " in summaries[0] and "prefix pages reused 0 " in summaries[0]
     assert "pages written 0 " in summaries[1] and "prefix pages reused 1 " in summaries[1]
+
+
+def test_a_cuda_device_number_past_the_machine_is_a_usage_error(monkeypatch):
+    """`--device cuda:5` on a one-GPU machine passed the check and failed deep in the first allocation.
+    The GPU count is faked: this machine has none, and the check is the arithmetic on it."""
+    import torch
+
+    from kvwire.commands.model_args import resolve_device
+    from kvwire.errors import UsageError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert resolve_device("cuda:0") == torch.device("cuda:0")
+    assert resolve_device("cuda") == torch.device("cuda")
+    with pytest.raises(UsageError, match=r"--device cuda:5: this machine has 1 CUDA device"):
+        resolve_device("cuda:5")

@@ -66,6 +66,9 @@ def test_defaults_serve_smollm2_bf16():
     ({"pools": [{"name": "p", "transfer_progress_delay_us": 0}]}, ["transfer_progress_delay_us", "spin"]),
     ({"pools": [{"name": "p", "transfer_progress_delay_us": 1.5}]}, ["transfer_progress_delay_us"]),
     ({"pools": []}, ["at least one pool"]),
+    ({"router": {"drain_timeout_s": -1}}, ["drain_timeout_s", "0 to 3600"]),
+    ({"router": {"drain_timeout_s": "30s"}}, ["drain_timeout_s", "'30s'"]),
+    ({"router": {"drain_timeout_s": float("nan")}}, ["drain_timeout_s"]),
 ])
 def test_mistakes_name_the_key(data, words):
     with pytest.raises(ConfigError) as err:

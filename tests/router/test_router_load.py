@@ -122,12 +122,18 @@ def test_client_cancel_frees_pages(client):
 
 
 def test_deadline_ends_request_and_frees_pages(client):
+    """A deadline is a cancel, not a worker failure: when the router's own timer fired first (it runs to
+    the client's deadline) the request was counted failed."""
+    before = stats_of(client)
     start = time.monotonic()
     with pytest.raises(grpc.RpcError) as err:
         client.complete("Count: 1, 2, 3, 4, 5, 6, 7, 8,", max_tokens=400, timeout_s=3.0)
     assert err.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
     assert time.monotonic() - start < 15
     assert wait_until(lambda: _idle(client), 30), client.stats()
+    assert wait_until(lambda: stats_of(client).requests_cancelled == before.requests_cancelled + 1, 10), \
+        client.stats()
+    assert stats_of(client).requests_failed == before.requests_failed
 
 
 def test_decode_worker_killed_mid_stream_fails_cleanly_then_is_replaced(router, client):

@@ -4,6 +4,7 @@ Ray/NIXL, called by the generated client, by a client built from reflection alon
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -186,6 +187,24 @@ def test_bench_serve_against_the_router(served, tmp_path):
     assert "| nvfp4 | 2 | 0 |" in run.stdout
 
 
-def test_ctrl_c_stops_everything(served):
-    assert served.stop() == 0, "\n".join(served.lines[-20:])
+def test_ctrl_c_drains_a_second_cancels_and_everything_stops(served, client):
+    """The first Ctrl-C refuses new requests and lets streams in flight finish (they were cut off after
+    2 s); a second cancels those left. Either way the process ends cleanly, status 0."""
+    short = client.generate("Count: 1, 2, 3,", max_tokens=12, ignore_eos=True)
+    long = client.generate("Count: 1, 2, 3,", max_tokens=2000, ignore_eos=True, pool="smol-nvfp4")
+    assert next(short).HasField("delta") and next(long).HasField("delta")     # both are decoding
+    served.proc.send_signal(signal.SIGINT)
+    assert wait_until(lambda: any("draining 2 in-flight request(s)" in line for line in served.lines), 30), \
+        served.lines[-10:]
+    with pytest.raises(grpc.RpcError):                    # refused: the router is going away
+        client.complete("Too late.", max_tokens=2, timeout_s=30)
+    rest = list(short)
+    assert rest[-1].HasField("finished") and rest[-1].finished.completion_tokens == 12, rest[-1]
+    assert served.proc.poll() is None, "the router did not wait for the long stream"
+    served.proc.send_signal(signal.SIGINT)
+    with pytest.raises(grpc.RpcError) as err:
+        for _ in long:
+            pass
+    assert err.value.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE), err.value
+    assert served.proc.wait(90) == 0, "\n".join(served.lines[-20:])
     assert "[kvwire] stopped" in "\n".join(served.lines)

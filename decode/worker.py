@@ -66,6 +66,7 @@ class DecodeWorker(WorkerEndpoint):
         self._reserved: dict[str, tuple] = {}      # rid -> (manifest, pages, tail slot, params, max pages)
         self._lock = threading.Lock()              # pool, tails, runner and the request maps
         self._changed = threading.Condition(self._lock)
+        self._turns = self._changed
         # Token output has its own condition: pollers must not queue for the lock the decode loop
         # holds through every step (they starved behind it on the GPU, where steps follow back to back).
         self._output = threading.Condition()
@@ -119,10 +120,16 @@ class DecodeWorker(WorkerEndpoint):
             raise KeyError(f"no reservation {rid!r} on {self.cfg.name}")
         m, pages, slot, params, max_pages = res
         seq = SequenceKV(pages=pages, tail_slot=slot, num_tokens=m.num_tokens)
-        tail = m.tail_tensor().to(self.kv.device)
-        req = _Request(m.request_id, seq, params, Sampler(params), m.first_token, 1, max_pages)
-        req.out.put(m.first_token)
-        reason = self.engine.finish_reason(m.first_token, 1, m.num_tokens + 1, params)
+        try:    # no longer reserved and not yet running: a failure here must free the pages itself
+            tail = m.tail_tensor().to(self.kv.device)
+            req = _Request(m.request_id, seq, params, Sampler(params), m.first_token, 1, max_pages)
+            req.out.put(m.first_token)
+            reason = self.engine.finish_reason(m.first_token, 1, m.num_tokens + 1, params)
+        except BaseException:
+            with self._lock:
+                self.engine.runner.release(seq)
+                self._notify()
+            raise
         with self._lock:
             self.kv.tails.data[slot, :, :, :, :m.tail_len] = tail
             if reason:
@@ -180,7 +187,7 @@ class DecodeWorker(WorkerEndpoint):
         with self._lock:
             if rid in self._running or rid in self._reserved or rid in self._waiting:
                 raise ValueError(f"request {rid!r} is already running on {self.cfg.name}")
-            if not self._wait_in_turn(self._changed, rid, lambda: self._has_room(max_pages), timeout_s,
+            if not self._wait_in_turn(rid, lambda: self._has_room(max_pages), timeout_s,
                                       stop=lambda: self._stop) or self._stop:
                 raise NoRoomError(f"{self.cfg.name} had no room for {max_pages} pages (prompt and "
                                   f"max_tokens) within {timeout_s:.0f} s")

@@ -94,22 +94,20 @@ class ModelRunner:
             raise OutOfPagesError(f"this step needs {needed} new pages, only {c.available} are available")
         if sum(s.seq.tail_slot < 0 for s in segments) > kv.tails.free_slots:
             raise RuntimeError("no free tail slot: more sequences in flight than the KV cache was sized for")
-        for s in segments:
-            if s.seq.tail_slot < 0:
-                s.seq.tail_slot = kv.tails.allocate()
-            s.new_pages = kv.pool.allocate(self.pages_needed(s.seq, len(s.token_ids)))
+        try:   # from the first page taken: a step that fails anywhere (e.g. out of device memory) frees them
+            for s in segments:
+                if s.seq.tail_slot < 0:
+                    s.seq.tail_slot = kv.tails.allocate()
+                s.new_pages = kv.pool.allocate(self.pages_needed(s.seq, len(s.token_ids)))
+            batch = DecodeBatch.of(segments, self.page_size, self.page_rows)
+            writes = _WriteState(segments, kv.device)
+            if batch is not None and self.decode_steps is not None:
+                decode_steps = self.decode_steps
 
-        dev = kv.device
-        batch = DecodeBatch.of(segments, self.page_size, self.page_rows)
-        writes = _WriteState(segments, dev)
-        if batch is not None and self.decode_steps is not None:
-            decode_steps = self.decode_steps
-
-            def run() -> torch.Tensor:
-                return decode_steps(batch)
-        else:
-            run = self._eager(segments, batch, writes)
-        try:
+                def run() -> torch.Tensor:
+                    return decode_steps(batch)
+            else:
+                run = self._eager(segments, batch, writes)
             if batch is not None:
                 self._complete_tails(segments, writes)
             logits = run()

@@ -2,7 +2,8 @@
 
 A request's pages stay held after ``prefill`` returns, until the decode side's notice says it
 has them (``transfer.manifest.done_notice``, delivered by the transport after the last byte landed), an
-explicit ``release``, or ``hold_timeout_s`` (a decode worker that died never answers).
+explicit ``release``, or expiry: ``hold_timeout_s``, or the caller's ``wait_s`` if longer (a decode worker
+that died never answers), but never while a push reads them.
 
 A prompt waits (up to ``wait_s``, in arrival order) while the pool is short of pages that held
 requests will free; one that needs more pages than the pool has is refused at once
@@ -27,7 +28,8 @@ from transfer.manifest import Manifest, parse_done_notice
 @dataclass
 class _Held:
     seq: SequenceKV
-    since: float
+    expires: float            # monotonic time after which nobody is coming for it (``_expire``)
+    pushing: bool = False     # a push is reading the pages: they must not expire under it
 
 
 class PrefillWorker(WorkerEndpoint):
@@ -36,6 +38,7 @@ class PrefillWorker(WorkerEndpoint):
         self._held: dict[str, _Held] = {}
         self._lock = threading.Lock()
         self._freed = threading.Condition(self._lock)     # pages were released: waiting prompts look again
+        self._turns = self._freed
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch_notices, name=f"{cfg.name}-notices", daemon=True)
         self._thread.start()
@@ -76,7 +79,9 @@ class PrefillWorker(WorkerEndpoint):
                     tail=self.kv.tails.data[seq.tail_slot, :, :, :, :seq.tail_len(self.cfg.page_size)].cpu(),
                     first_token=first, sender=self.transport.name, sender_num_pages=self.kv.pool.num_pages,
                     static_scales=self.kv.static_scales.cpu() if self.kv.needs_static_scales() else None)
-                self._held[request_id] = _Held(seq, time.monotonic())
+                # held at least as long as the caller may still take to hand it over (its own wait for a
+                # decode worker's room can be minutes): expiring sooner fails a request that is on its way
+                self._held[request_id] = _Held(seq, time.monotonic() + max(self.cfg.hold_timeout_s, wait_s))
         except BaseException:
             with self._lock:
                 self.engine.runner.release(seq)
@@ -87,7 +92,7 @@ class PrefillWorker(WorkerEndpoint):
     def _wait_for_room(self, request_id: str, pages: int, wait_s: float) -> None:
         """Wait in turn (caller holds the lock) until ``pages`` and a tail slot are free."""
         room = lambda: self.kv.pool.can_allocate(pages) and self.kv.tails.free_slots > 0  # noqa: E731
-        if not self._wait_in_turn(self._freed, request_id, room, wait_s):
+        if not self._wait_in_turn(request_id, room, wait_s):
             raise NoRoomError(f"{self.cfg.name} had no room for {pages} pages and a tail page within "
                               f"{wait_s:.0f} s ({len(self._held)} requests hold pages awaiting their transfer)")
 
@@ -100,6 +105,8 @@ class PrefillWorker(WorkerEndpoint):
         """
         with self._lock:
             held = self._held.get(request_id)
+            if held is not None:
+                held.pushing = True
         if held is None:
             raise KeyError(f"request {request_id!r} is not held by {self.cfg.name}")
         deadline = self.cfg.transfer_deadline_s if deadline_s is None else deadline_s
@@ -160,6 +167,6 @@ class PrefillWorker(WorkerEndpoint):
     def _expire(self) -> None:
         now = time.monotonic()
         with self._lock:
-            stale = [rid for rid, h in self._held.items() if now - h.since > self.cfg.hold_timeout_s]
+            stale = [rid for rid, h in self._held.items() if now > h.expires and not h.pushing]
         for rid in stale:
             self.release(rid)

@@ -33,6 +33,11 @@ async def _awaited(ref):
     return await ref
 
 
+def _other(role: Role) -> Role:
+    """The role whose workers exchange pages with ``role``'s."""
+    return Role.DECODE if role is Role.PREFILL else Role.PREFILL
+
+
 class NoWorkerError(RuntimeError):
     """No live worker of a role within the wait allowed (the pool is down or still starting)."""
 
@@ -86,7 +91,7 @@ class WorkerPool:
         for task in self._replacing:
             task.cancel()
         for pump in self._pumps.values():
-            pump.stop()
+            pump.stop("the router is stopping")
         await asyncio.gather(*(self._shutdown(w) for w in self.workers if w.alive), return_exceptions=True)
         for w in self.workers:
             kill(w)
@@ -119,18 +124,33 @@ class WorkerPool:
         self.workers.remove(worker)
         pump = self._pumps.pop(worker.name, None)
         if pump is not None:
-            pump.stop()
+            pump.stop(f"decode worker {worker.name} died")
+        self._forget(worker, self.live(_other(worker.role)))
         task = asyncio.get_running_loop().create_task(self._replace(worker.role))
         self._replacing.add(task)
         task.add_done_callback(self._replacing.discard)
 
+    def _forget(self, gone: Worker, peers: list[Worker]) -> None:
+        """Have ``peers`` drop ``gone``'s transfer agent (its metadata and connections), in the background."""
+        async def remove(peer: Worker) -> None:
+            try:
+                await peer.actor.remove_peer.remote(gone.agent)
+            except Exception as exc:   # a peer that died too is dealt with on its own
+                log.info("pool %s: %s could not forget %s: %s", self.cfg.name, peer.name, gone.name, exc)
+        for peer in peers:
+            task = asyncio.get_running_loop().create_task(remove(peer))
+            self._replacing.add(task)
+            task.add_done_callback(self._replacing.discard)
+
     async def _replace(self, role: Role) -> None:
         new = self._factory.start(role)
+        peers = self.live(_other(role))
         try:
-            await connect(new, self.live(Role.DECODE if role is Role.PREFILL else Role.PREFILL))
+            await connect(new, peers)
         except Exception as exc:
             log.error("pool %s: replacement %s failed to start: %s", self.cfg.name, new.name, exc)
             kill(new)
+            self._forget(new, peers)
             return
         self._add(new)
         self.totals.workers_replaced += 1

@@ -20,6 +20,7 @@ import ray
 from kvwire.page_pool import CapacityError, NoRoomError
 from kvwire.sampling import SamplingParams
 from router.pool import WorkerPool
+from router.streams import StreamLost
 from router.workers import Worker
 
 log = logging.getLogger("kvwire.router")
@@ -111,25 +112,34 @@ def _after(ref, *cleanups) -> None:
     task.add_done_callback(_cleanups.discard)
 
 
-async def _call(ref, on_cancel=()):
-    """Await a worker call; if the request is cancelled meanwhile, schedule ``on_cancel`` after it ends."""
+async def _call(ref, on_cancel=(), withdraw=None):
+    """Await a worker call; if the request is cancelled meanwhile, ``withdraw()`` at once (a call that
+    waits for pages stops waiting and holds up no one behind it) and schedule ``on_cancel`` after it ends."""
     try:
         return await ref
     except asyncio.CancelledError:
+        if withdraw is not None:
+            _after(withdraw())
         _after(ref, *on_cancel)
         raise
 
 
 async def _hand_over(pool: WorkerPool, rid: str, prompt_ids: list[int], params: SamplingParams,
-                     stats: RequestStats, wait_s: float) -> Worker:
-    """Prefill and push; returns the decode worker now running ``rid``. Raises RequestError."""
-    prefill = await pool.choose_prefill(prompt_ids, wait_s)
+                     stats: RequestStats, deadline: float) -> Worker:
+    """Prefill and push; returns the decode worker now running ``rid``. Raises RequestError.
+
+    Each wait (for a live worker, for pages on either side) gets what is left until ``deadline`` (event
+    loop time), not the whole budget again: the stages together never outlast the request's limit."""
+    loop = asyncio.get_running_loop()
+    left = lambda: max(0.0, deadline - loop.time())  # noqa: E731
+    prefill = await pool.choose_prefill(prompt_ids, left())
     stats.prefill_worker = prefill.name
     release = lambda: prefill.actor.release.remote(rid)  # noqa: E731 - a no-op after a push
     prefill.inflight += 1
     try:
         try:
-            result = await _call(prefill.actor.prefill_request.remote(rid, prompt_ids, params, wait_s), [release])
+            result = await _call(prefill.actor.prefill_request.remote(rid, prompt_ids, params, left()), [release],
+                                 withdraw=lambda: prefill.actor.withdraw.remote(rid))
         except Exception as exc:
             if _dead(exc):
                 pool.worker_died(prefill)
@@ -137,11 +147,12 @@ async def _hand_over(pool: WorkerPool, rid: str, prompt_ids: list[int], params: 
             raise _worker_error(f"prefill on {prefill.name} failed", exc) from exc
         stats.prefix_pages_reused = result["prefix_pages_reused"]
         try:
-            decode = await pool.choose_decode(wait_s)
+            decode = await pool.choose_decode(left())
             stats.decode_worker = decode.name
             cancel = lambda: decode.actor.cancel.remote(rid)  # noqa: E731
             try:
-                reserved = await _call(decode.actor.reserve.remote(result["manifest"], params, wait_s), [cancel])
+                reserved = await _call(decode.actor.reserve.remote(result["manifest"], params, left()), [cancel],
+                                       withdraw=lambda: decode.actor.withdraw.remote(rid))
             except Exception as exc:
                 if _dead(exc):
                     pool.worker_died(decode)
@@ -176,12 +187,13 @@ async def run_request(pool: WorkerPool, request_id: str, prompt_ids: list[int], 
                       stats: RequestStats, wait_s: float, max_attempts: int) -> AsyncIterator[list[int]]:
     """Yield lists of token ids; ``stats`` is filled in as the request goes. Raises RequestError."""
     attempt = 0
+    deadline = asyncio.get_running_loop().time() + wait_s
     while True:
         attempt += 1
         stats.attempts = attempt
         rid = f"{request_id}#{attempt}"
         try:
-            decode = await _hand_over(pool, rid, prompt_ids, params, stats, wait_s)
+            decode = await _hand_over(pool, rid, prompt_ids, params, stats, deadline)
             break
         except RequestError as exc:
             if not exc.retryable or attempt >= max_attempts:
@@ -193,6 +205,8 @@ async def run_request(pool: WorkerPool, request_id: str, prompt_ids: list[int], 
     try:
         while True:
             item = await queue.get()
+            if isinstance(item, StreamLost):     # the worker may still run it: the finally aborts it there
+                raise RequestError(f"{request_id} on {decode.name}: error: {item.reason}")
             if isinstance(item, str):
                 finished = True
                 if item.startswith("error"):

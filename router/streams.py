@@ -3,11 +3,12 @@
 A long poll per request would pin one actor thread per stream (64 streams, 64 threads, and
 admissions starved behind them); instead one pump per decode worker asks
 ``poll_streams(rids)`` and hands each request's tokens to its asyncio queue. When the worker
-dies, every stream on it ends with an error at once.
+dies (whoever notices first), every stream on it ends with an error at once.
 """
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Callable
 
 import ray
@@ -15,6 +16,14 @@ import ray
 from router.workers import Worker
 
 POLL_S = 0.5
+
+
+@dataclass(frozen=True)
+class StreamLost:
+    """Put in a stream's queue when the router loses it (worker died, poll failed, router stopping).
+    Not a finish reason of the worker's, which may still be running the request: the reader aborts it."""
+
+    reason: str
 
 
 class StreamPump:
@@ -26,7 +35,7 @@ class StreamPump:
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"pump-{worker.name}")
 
     def open(self, rid: str) -> asyncio.Queue:
-        """The queue of ``rid``'s output: lists of token ids, then a finish-reason string."""
+        """The queue of ``rid``'s output: lists of token ids, then a finish-reason string or StreamLost."""
         q: asyncio.Queue = asyncio.Queue()
         self._queues[rid] = q
         self._wake.set()
@@ -35,8 +44,10 @@ class StreamPump:
     def close(self, rid: str) -> None:
         self._queues.pop(rid, None)
 
-    def stop(self) -> None:
+    def stop(self, reason: str) -> None:
+        """Stop polling; every open stream ends now with ``reason`` (none is left waiting for output)."""
         self._task.cancel()
+        self._fail_all(reason)
 
     async def _run(self) -> None:
         while True:
@@ -48,11 +59,11 @@ class StreamPump:
             try:
                 batches = await self.worker.actor.poll_streams.remote(rids, POLL_S)
             except ray.exceptions.RayActorError as exc:
-                self._fail_all(f"error: decode worker {self.worker.name} died: {exc.__class__.__name__}")
+                self._fail_all(f"decode worker {self.worker.name} died: {exc.__class__.__name__}")
                 self._on_death(self.worker)
                 return
             except Exception as exc:  # a failed poll fails its streams, never the pump silently
-                self._fail_all(f"error: polling {self.worker.name} failed: {exc}")
+                self._fail_all(f"polling {self.worker.name} failed: {exc}")
                 await asyncio.sleep(POLL_S)
                 continue
             for rid, batch in batches.items():
@@ -67,5 +78,5 @@ class StreamPump:
 
     def _fail_all(self, reason: str) -> None:
         for q in self._queues.values():
-            q.put_nowait(reason)
+            q.put_nowait(StreamLost(reason))
         self._queues.clear()

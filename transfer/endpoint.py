@@ -11,6 +11,10 @@ from transfer import make_transport
 from transfer.handshake import decode_handshake
 
 
+class Withdrawn(RuntimeError):
+    """A request's wait for pages ended because its caller withdrew it."""
+
+
 class WorkerEndpoint:
     """Base of ``prefill.worker.PrefillWorker`` and ``decode.worker.DecodeWorker``."""
 
@@ -22,18 +26,43 @@ class WorkerEndpoint:
         self.transport = make_transport(cfg.transport, cfg.name, **options)
         self.transport.register_pool(self.kv.pool.storage, self.engine.page_format)
         self._waiting: collections.deque[str] = collections.deque()   # requests waiting for pages, in order
+        self._withdrawn: set[str] = set()     # waiting requests whose caller gave up (``withdraw``)
+        self._turns: threading.Condition | None = None     # the subclass's "pages were freed" condition
 
-    def _wait_in_turn(self, changed: threading.Condition, rid: str, room: Callable[[], bool], timeout_s: float,
+    def _wait_in_turn(self, rid: str, room: Callable[[], bool], timeout_s: float,
                       stop: Callable[[], bool] = lambda: False) -> bool:
-        """Wait (holding ``changed``'s lock) until every request that came earlier has gone and ``room()``
-        holds, or ``stop()``; False on timeout. Arrival order, so a large request is not passed over
-        forever by smaller ones that keep fitting."""
+        """Wait (holding ``self._turns``' lock) until every request that came earlier has gone and
+        ``room()`` holds, or ``stop()``; False on timeout. Arrival order, so a large request is not passed
+        over forever by smaller ones that keep fitting. Raises Withdrawn if ``withdraw(rid)`` came first."""
         self._waiting.append(rid)
         try:
-            return changed.wait_for(lambda: stop() or (self._waiting[0] == rid and room()), timeout_s)
+            ready = self._turns.wait_for(
+                lambda: stop() or rid in self._withdrawn or (self._waiting[0] == rid and room()), timeout_s)
+            if rid in self._withdrawn:
+                raise Withdrawn(f"request {rid!r} was withdrawn by its caller while it waited for pages")
+            return ready
         finally:
             self._waiting.remove(rid)
-            changed.notify_all()                # the next waiter may be first now
+            self._withdrawn.discard(rid)
+            self._turns.notify_all()                # the next waiter may be first now
+
+    def withdraw(self, rid: str) -> bool:
+        """The caller gave up on ``rid`` (cancelled, or past its deadline) while it may be waiting for pages:
+        end that wait now, so a dead request does not hold up those queued behind it. A no-op (False) when
+        ``rid`` is not waiting: whatever it holds is freed by the caller's cancel or release."""
+        with self._turns:
+            if rid not in self._waiting:
+                return False
+            self._withdrawn.add(rid)
+            self._turns.notify_all()
+        return True
+
+    def remove_peer(self, name: str) -> bool:
+        """Forget a peer that died (its transfer metadata and connections); False if it was not connected."""
+        if name not in self.transport.peers:
+            return False
+        self.transport.remove_peer(name)
+        return True
 
     def handshake(self) -> bytes:
         """This worker's transfer handshake, for a peer's ``add_peer``."""

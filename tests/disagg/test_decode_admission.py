@@ -67,3 +67,55 @@ def test_growth_is_reserved_and_waiters_go_in_order(pair):
     tc.join(30)
     assert order == ["b", "c"]
     assert decode.cancel("b") and decode.cancel("c") and decode.counters()["pages_in_use"] == 0
+
+
+def test_a_withdrawn_waiter_leaves_the_queue_and_those_behind_go_on(pair):
+    """A request whose caller gave up (client cancel, deadline) stayed first in line until it got room
+    or its own wait ran out, holding up later requests that fit."""
+    from transfer.endpoint import Withdrawn
+
+    prefill, decode = pair
+    a, b, c = SamplingParams(max_tokens=120), SamplingParams(max_tokens=150), SamplingParams(max_tokens=4)
+    decode.reserve(manifest(prefill, "wa", 100, a), a, timeout_s=10)             # may grow to 13 of 24 pages
+    outcome: dict = {}
+
+    def reserve(rid: str, blob: bytes, params: SamplingParams) -> threading.Thread:
+        def run() -> None:
+            try:
+                outcome[rid] = decode.reserve(blob, params, timeout_s=60)
+            except Exception as exc:
+                outcome[rid] = exc
+        t = threading.Thread(target=run)
+        t.start()
+        return t
+
+    tb = reserve("wb", manifest(prefill, "wb", 100, b), b)       # 15 pages: waits for "wa"
+    time.sleep(0.5)
+    tc = reserve("wc", manifest(prefill, "wc", 20, c), c)        # 1 page: fits, but queued behind "wb"
+    time.sleep(0.5)
+    assert not outcome
+    assert decode.withdraw("wb") and not decode.withdraw("nobody")
+    tb.join(10)
+    tc.join(10)
+    assert isinstance(outcome["wb"], Withdrawn), outcome
+    assert "pages" in outcome["wc"], outcome                     # admitted beside "wa", without waiting for it
+    assert decode.cancel("wa") and decode.cancel("wc") and decode.counters()["pages_in_use"] == 0
+
+
+def test_a_failed_activation_frees_its_pages(pair, monkeypatch):
+    """activate() took the reservation, then failed building the request (a device error, faked here):
+    its pages were held by nothing, and neither cancel nor abort could reach them."""
+    import decode.worker
+
+    prefill, decode_worker = pair
+    params = SamplingParams(max_tokens=8)
+    decode_worker.reserve(manifest(prefill, "act", 40, params), params, timeout_s=10)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("CUDA error: out of memory (faked)")
+
+    monkeypatch.setattr(decode.worker, "Sampler", broken)
+    with pytest.raises(RuntimeError, match="faked"):
+        decode_worker.activate("act")
+    assert not decode_worker.cancel("act") and not decode_worker.abort("act")
+    assert decode_worker.counters()["pages_in_use"] == 0

@@ -81,3 +81,61 @@ def test_probes_answer_while_a_prefill_holds_the_lock(worker):
         probe.join(5)
         assert not probe.is_alive(), "counters / cached_prefix_pages waited for the prefill lock"
     assert answers[0]["pages_free"] == 10 and answers[1] == 0
+
+
+def test_a_withdrawn_prompt_stops_waiting_and_frees_its_turn(worker):
+    from transfer.endpoint import Withdrawn
+
+    worker.prefill_request("a", prompt(100, 11), PARAMS)                  # 6 of the 10 pages held
+    got: dict = {}
+
+    def run(rid: str, n: int) -> threading.Thread:
+        def go() -> None:
+            try:
+                got[rid] = worker.prefill_request(rid, prompt(n, 12), PARAMS, 60)
+            except Exception as exc:
+                got[rid] = exc
+        t = threading.Thread(target=go)
+        t.start()
+        return t
+
+    tb = run("b", 100)                               # waits for "a"
+    time.sleep(0.3)
+    tc = run("c", 20)                                # fits, but behind "b"
+    time.sleep(0.5)
+    assert not got and worker.withdraw("b")
+    tb.join(10)
+    tc.join(30)
+    assert isinstance(got["b"], Withdrawn) and got["c"]["manifest"], got
+    assert worker.release("a") and worker.release("c") and worker.counters()["pages_in_use"] == 0
+
+
+def test_a_hold_lasts_as_long_as_its_caller_may_wait(worker):
+    """Holds expired after hold_timeout_s (120 s) while the router could wait up to 600 s for a decode
+    worker's room: the push then failed with 'not held'. hold_timeout_s is shrunk here to 0.2 s."""
+    import dataclasses
+
+    worker.cfg = dataclasses.replace(worker.cfg, hold_timeout_s=0.2)
+    worker.prefill_request("patient", prompt(40, 13), PARAMS, wait_s=30)
+    worker.prefill_request("quick", prompt(40, 14), PARAMS, wait_s=0.1)
+    time.sleep(1.0)                                   # the notice thread expires holds every few ms
+    assert worker.counters()["requests_held"] == 1
+    assert worker.release("patient") and not worker.release("quick")
+
+
+def test_a_hold_being_pushed_does_not_expire(worker):
+    """_expire freed pages a push was still reading (a slow NIXL WRITE); a concurrent prompt could then
+    take and overwrite them mid-transfer."""
+    import dataclasses
+
+    worker.cfg = dataclasses.replace(worker.cfg, hold_timeout_s=0.0)
+    worker._stop.set()                                # no background expiry: this test calls _expire itself
+    worker._thread.join(5)
+    worker.prefill_request("p", prompt(40, 15), PARAMS, wait_s=0.0)
+    worker._held["p"].pushing = True                  # as push() marks it before the transfer starts
+    time.sleep(0.05)
+    worker._expire()
+    assert worker.counters()["requests_held"] == 1
+    worker._held["p"].pushing = False
+    worker._expire()
+    assert worker.counters()["requests_held"] == 0 and worker.counters()["pages_in_use"] == 0

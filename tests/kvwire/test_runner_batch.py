@@ -61,3 +61,31 @@ def test_batched_decode_equals_one_at_a_time(device, fmt):
         torch.testing.assert_close(pages_b, pages_a, rtol=1e-3, atol=1e-3)
         # bf16 tails: a batched matmul may round a K/V element one bf16 step differently
         torch.testing.assert_close(tail_b, tail_a, rtol=1e-2, atol=1e-3)
+
+
+@pytest.mark.parametrize("broken", ["_eager", "DecodeBatch"])
+def test_a_step_that_fails_before_it_runs_frees_its_new_pages(broken, monkeypatch):
+    """A step allocates its new pages first; a failure while building it (out of device memory, faked
+    here) before the old try block leaked those pages for good: the caller frees only committed ones."""
+    import kvwire.runner
+
+    model = LlamaModel(TINY, dtype=torch.float32, device="cpu")
+    model.init_random(seed=2)
+    engine = Engine(model, EngineConfig(kv_format="fp8-token", page_size=8, chunk_size=16),
+                    calibration_ids=list(range(1, 60)))
+    seq = SequenceKV()
+    engine.prefill(seq, list(range(1, 17)))             # two full pages and an empty tail: a step takes a page
+    held = engine.kv.pool.counters().used
+
+    def oom(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory (faked)")
+
+    if broken == "_eager":
+        monkeypatch.setattr(engine.runner, "_eager", oom)
+    else:
+        monkeypatch.setattr(kvwire.runner.DecodeBatch, "of", oom)
+    with pytest.raises(RuntimeError, match="faked"):
+        engine.runner.forward([Segment(seq, [5], None)])
+    assert engine.kv.pool.counters().used == held
+    engine.runner.release(seq)
+    assert engine.kv.pool.counters().used == 0

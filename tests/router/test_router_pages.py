@@ -1,19 +1,24 @@
 """Requests that outgrow a worker's page pool, in-process on a real Ray cluster: requests too
 large for a worker are refused with INVALID_ARGUMENT at once; requests that only do not fit
 together wait for each other instead of failing mid-stream; a request_id in flight is not
-accepted twice. Random weights at SmolLM2's shape keep it quick on the CPU."""
+accepted twice; a cancelled request waiting for pages holds up no one; a decode worker's death
+ends its streams at once whoever notices it. Random weights at SmolLM2's shape keep it quick on
+the CPU."""
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
+import ray
 import torch
 
 from router.client import RouterClient
 from router.config import PoolConfig, RouterConfig, ServeConfig
 from router.serve import start_router
+from router.workers import Role
 from tests.router.conftest import wait_until
 
 pytestmark = pytest.mark.slow
@@ -22,14 +27,19 @@ PAGES = 24        # per worker; 16-token pages
 
 
 @pytest.fixture(scope="module")
-def client(ray_cluster):
+def router(ray_cluster):
     cfg = ServeConfig(RouterConfig(port=0, metrics_port=0, max_inflight=8, max_queue=8),
                       (PoolConfig("small", load_format="dummy", model_shape="smollm2-135m", device="cpu",
                                   num_pages=PAGES, max_batch=8),))
     running = start_router(cfg)
-    with RouterClient(running.target, timeout_s=300) as c:
-        yield c
+    yield running
     running.stop()
+
+
+@pytest.fixture(scope="module")
+def client(router):
+    with RouterClient(router.target, timeout_s=300) as c:
+        yield c
 
 
 def prompt(n: int, seed: int) -> list[int]:
@@ -89,3 +99,54 @@ def test_a_request_id_in_flight_is_refused(client):
     again = client.complete(prompt_ids=prompt(40, 5), max_tokens=4, request_id="same", timeout_s=60)
     assert len(again.token_ids) == 4                      # the id is free again once the first ended
     wait_until(lambda: idle(client), 30.0)
+
+
+def test_a_cancelled_waiter_does_not_hold_up_those_behind_it(client):
+    """B waits for decode room behind A and its client gives up; C fits beside A. C waited behind the
+    dead B until A finished (and B then reserved pages for nobody)."""
+    ended: dict = {}
+
+    def stream(name: str, ids: list[int], max_tokens: int) -> None:
+        try:
+            for _ in client.generate(None, ids, 300, max_tokens=max_tokens, ignore_eos=True):
+                pass
+        finally:
+            ended[name] = time.monotonic()
+
+    a = threading.Thread(target=stream, args=("a", prompt(100, 20), 230))     # may grow to 21 of the 24 pages
+    a.start()
+    assert wait_until(lambda: any(w.requests for p in client.stats().pools for w in p.workers
+                                  if w.role == "decode"), 60)
+    b = client.generate(None, prompt(100, 21), 300, max_tokens=120, ignore_eos=True)  # 13 pages: must wait
+    threading.Timer(3.0, b.cancel).start()
+    with pytest.raises(grpc.RpcError) as err:
+        next(b)
+    assert err.value.code() is grpc.StatusCode.CANCELLED
+    client.complete(prompt_ids=prompt(10, 22), max_tokens=2, timeout_s=120)            # C: one page
+    c_done = time.monotonic()
+    a.join(300)
+    assert c_done < ended["a"] - 1.0, f"C waited for A to finish (C ended {ended['a'] - c_done:.1f} s before A)"
+    wait_until(lambda: idle(client), 30.0)
+
+
+def test_a_decode_death_noticed_elsewhere_ends_its_streams_at_once(router, client):
+    """Death noticed by a probe, a reservation or the gauge refresher (not the stream pump): the pump was
+    cancelled without ending its streams, which then hung until their deadline. Also: the live peers
+    forget the dead worker's transfer agent. Last in this module: it replaces the decode worker."""
+    pool = router.pools["small"]
+    stream = client.generate(None, prompt(40, 30), 60, max_tokens=300, ignore_eos=True)
+    assert next(stream).HasField("delta")
+    victim = next(w for w in pool.workers if w.role is Role.DECODE)
+    router._loop.call_soon_threadsafe(pool.worker_died, victim)     # as reserve() does on a RayActorError
+    start = time.monotonic()
+    with pytest.raises(grpc.RpcError) as err:
+        for _ in stream:
+            pass
+    assert err.value.code() is grpc.StatusCode.INTERNAL and "died" in err.value.details(), err.value
+    assert time.monotonic() - start < 20
+    assert wait_until(lambda: pool.totals.workers_replaced >= 1 and idle(client), 120), client.stats()
+    done = client.complete(prompt_ids=prompt(20, 31), max_tokens=3, timeout_s=120).finished
+    assert done.completion_tokens == 3 and done.decode_worker != victim.name
+    prefill = next(w for w in pool.workers if w.role is Role.PREFILL)
+    peers = ray.get(prefill.actor.__ray_call__.remote(lambda self: sorted(self.transport.peers)))
+    assert peers == [done.decode_worker], peers

@@ -34,10 +34,18 @@ from transfer.manifest import ManifestError, decode_manifest, done_notice
 
 
 FINISHED_KEPT = 4096   # finished requests whose final message is kept until read, at most
+# Pages an aborted transfer may still write into (its abort could not confirm the transfer stopped) stay
+# out of the pool this long: far past any transfer deadline, so no later request is admitted into them.
+QUARANTINE_S = 60.0
 
 
 class AdmissionError(RuntimeError):
-    """A manifest was valid but its pages could not be brought in (transfer failed, timed out)."""
+    """A manifest was valid but its pages could not be brought in (transfer failed, timed out).
+    ``quiesced`` as for TransferError: False if the aborted READ may still land in the reserved pages."""
+
+    def __init__(self, message: str, quiesced: bool = True) -> None:
+        super().__init__(message)
+        self.quiesced = quiesced
 
 
 @dataclass
@@ -71,6 +79,7 @@ class DecodeWorker(WorkerEndpoint):
         # holds through every step (they starved behind it on the GPU, where steps follow back to back).
         self._output = threading.Condition()
         self._stop = False
+        self._quarantined = 0                       # pages out of the pool until an aborted transfer is surely over
         self._thread = threading.Thread(target=self._loop, name=f"{cfg.name}-decode", daemon=True)
         self._thread.start()
 
@@ -84,8 +93,8 @@ class DecodeWorker(WorkerEndpoint):
         m = self._reserved[rid][0]
         try:
             self._pull(m, self._reserved[rid][1])
-        except BaseException:
-            self.cancel(rid)
+        except BaseException as exc:
+            self.cancel(rid, quarantine=not getattr(exc, "quiesced", True))
             raise
         self.activate(rid)
         return rid
@@ -103,14 +112,28 @@ class DecodeWorker(WorkerEndpoint):
         max_pages = self._max_pages(m.num_tokens, len(m.page_ids), params)
         return {"request_id": m.request_id, "pages": self._reserve(m, params, max_pages, timeout_s)}
 
-    def cancel(self, rid: str) -> bool:
-        """Drop a reservation (its transfer failed or the request was cancelled)."""
+    def cancel(self, rid: str, quarantine: bool = False) -> bool:
+        """Drop a reservation (its transfer failed or the request was cancelled). ``quarantine``: its
+        transfer was aborted without confirmation that it stopped, so the pages return to the pool only
+        after QUARANTINE_S (a request admitted into them meanwhile could have its K/V overwritten)."""
         with self._lock:
             res = self._reserved.pop(rid, None)
-            if res is not None:
+            if res is not None and not quarantine:
                 self.engine.runner.release(SequenceKV(pages=res[1], tail_slot=res[2]))
                 self._notify()
+        if res is not None and quarantine:
+            self._quarantined += len(res[1])
+            timer = threading.Timer(QUARANTINE_S, self._end_quarantine, (res[1], res[2]))
+            timer.daemon = True
+            timer.start()
         return res is not None
+
+    def _end_quarantine(self, pages: list[int], slot: int) -> None:
+        with self._lock:
+            self._quarantined -= len(pages)
+            if not self._stop:
+                self.engine.runner.release(SequenceKV(pages=pages, tail_slot=slot))
+                self._notify()
 
     def activate(self, rid: str) -> None:
         """The reserved pages hold the request's K/V now: add the tail and start decoding."""
@@ -153,7 +176,7 @@ class DecodeWorker(WorkerEndpoint):
         if state is not TransferState.DONE:
             handle.abort()
             raise AdmissionError(f"pulling {len(pages)} pages of {m.request_id} from {m.sender} ended {state.value}"
-                                 f"{': ' + str(handle.error) if handle.error else ''}")
+                                 f"{': ' + str(handle.error) if handle.error else ''}", quiesced=handle.quiesced)
         return handle.stats
 
     def _check_scales(self, m) -> None:
@@ -287,7 +310,8 @@ class DecodeWorker(WorkerEndpoint):
             c = self.kv.pool.counters()
             return {"worker": self.cfg.name, "role": "decode", "format": self.engine.page_format.name,
                     "pages_in_use": c.used, "pages_free": c.free + c.evictable,
-                    "running": len(self._running), "reserved": len(self._reserved)}
+                    "running": len(self._running), "reserved": len(self._reserved),
+                    "pages_quarantined": self._quarantined}
 
     def shutdown(self) -> None:
         with self._lock:

@@ -101,7 +101,8 @@ class PrefillWorker(WorkerEndpoint):
 
         Returns the transfer's stats (compact bytes from the descriptors issued, the bf16 bytes
         they stand for, descriptors, seconds). Ours are freed whatever the outcome: a failed push
-        fails the request, and the caller cancels the peer's reservation.
+        fails the request, and the caller cancels the peer's reservation, quarantining its pages when
+        the TransferError says the aborted WRITE may still land there (``quiesced`` False).
         """
         with self._lock:
             held = self._held.get(request_id)
@@ -116,7 +117,8 @@ class PrefillWorker(WorkerEndpoint):
             if state is not TransferState.DONE:
                 handle.abort()
                 raise TransferError(f"pushing {len(remote_pages)} pages of {request_id} to {peer} ended "
-                                    f"{state.value}{': ' + handle.error if handle.error else ''}")
+                                    f"{state.value}{': ' + handle.error if handle.error else ''}",
+                                    quiesced=handle.quiesced)
         finally:
             self.release(request_id)
         st = handle.stats

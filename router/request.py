@@ -43,14 +43,17 @@ class RequestError(RuntimeError):
         self.failure = failure
 
 
+def _cause(exc: BaseException) -> BaseException:
+    """The exception a worker raised, from the RayTaskError that carries it (else ``exc`` itself)."""
+    cause = getattr(exc, "cause", None) if isinstance(exc, ray.exceptions.RayTaskError) else None
+    return cause if isinstance(cause, BaseException) else exc
+
+
 def _worker_error(what: str, exc: BaseException) -> RequestError:
     """A RequestError for a call a worker raised from: the worker's own message in one line, and the
     kind of failure. A worker fault's Ray traceback goes to the router's log, not to the client."""
-    cause = getattr(exc, "cause", None) if isinstance(exc, ray.exceptions.RayTaskError) else None
-    if isinstance(cause, BaseException):
-        traceback, exc = exc, cause
-    else:
-        traceback = None
+    cause = _cause(exc)
+    traceback, exc = (exc, cause) if cause is not exc else (None, exc)
     if isinstance(exc, CapacityError):
         failure = Failure.TOO_LARGE
     elif isinstance(exc, NoRoomError):
@@ -161,7 +164,9 @@ async def _hand_over(pool: WorkerPool, rid: str, prompt_ids: list[int], params: 
             try:
                 pushed = await _call(prefill.actor.push.remote(rid, decode.agent, reserved["pages"]), [cancel])
             except Exception as exc:
-                await _quietly(cancel())
+                # an aborted WRITE that may still land: decode keeps those pages out of use for a while
+                landing = not getattr(_cause(exc), "quiesced", True)
+                await _quietly(decode.actor.cancel.remote(rid, quarantine=landing))
                 if _dead(exc):
                     pool.worker_died(prefill)
                     raise RequestError(f"prefill worker {prefill.name} died during the transfer",

@@ -36,7 +36,13 @@ __all__ = ["Op", "PageIdError", "PeerError", "Run", "TransferError", "TransferHa
 
 
 class TransferError(RuntimeError):
-    """The transport could not do what was asked (closed, not registered, backend refused)."""
+    """The transport could not do what was asked (closed, not registered, backend refused), or a transfer
+    failed. ``quiesced`` False: an aborted transfer may still write into its destination pages for a while
+    (``TransferHandle.quiesced``), so the side that owns them must quarantine them, not reuse them."""
+
+    def __init__(self, message: str, quiesced: bool = True) -> None:
+        super().__init__(message)
+        self.quiesced = quiesced
 
 
 class PeerError(ValueError):

@@ -119,3 +119,25 @@ def test_a_failed_activation_frees_its_pages(pair, monkeypatch):
         decode_worker.activate("act")
     assert not decode_worker.cancel("act") and not decode_worker.abort("act")
     assert decode_worker.counters()["pages_in_use"] == 0
+
+
+def test_pages_an_aborted_transfer_may_still_write_are_quarantined(pair, monkeypatch):
+    """A transfer whose abort could not confirm it stopped (NIXL still PROC after the grace) may go on
+    writing into the reserved pages: they went straight back to the pool, to the next request admitted."""
+    import pickle
+
+    import decode.worker
+    from transfer.base import TransferError
+
+    prefill, decode_worker = pair
+    monkeypatch.setattr(decode.worker, "QUARANTINE_S", 0.5)
+    params = SamplingParams(max_tokens=4)
+    pages = decode_worker.reserve(manifest(prefill, "q", 40, params), params, timeout_s=10)["pages"]
+    assert decode_worker.cancel("q", quarantine=True)
+    c = decode_worker.counters()
+    assert c["pages_quarantined"] == len(pages) == c["pages_in_use"] > 0 and c["reserved"] == 0
+    time.sleep(1.0)
+    c = decode_worker.counters()
+    assert c["pages_quarantined"] == 0 and c["pages_in_use"] == 0
+    # the flag reaches the router through Ray, which pickles the worker's exception
+    assert pickle.loads(pickle.dumps(TransferError("ended TIMED_OUT", quiesced=False))).quiesced is False

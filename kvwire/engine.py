@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -122,10 +122,13 @@ class Engine:
         summary = RequestSummary(prompt_tokens=len(prompt_ids))
         return Generation(self._run(list(prompt_ids), params, summary), summary)
 
-    def prefill(self, seq: SequenceKV, ids: list[int]) -> torch.Tensor:
+    def prefill(self, seq: SequenceKV, ids: list[int], between_chunks: Callable[[], None] = lambda: None
+                ) -> torch.Tensor:
         """Fill an empty ``seq`` with the prompt's K/V, reusing cached prefix pages.
 
         Returns the float32 logits of the last prompt token. On failure the caller releases ``seq``.
+        ``between_chunks`` runs before every chunk after the first: it raises to stop a prompt nobody
+        waits for any more (a long one holds the worker for seconds per chunk on a CPU).
         """
         p = self.config.page_size
         hashes = page_chain_hashes(self.page_format.hash, ids, p)
@@ -136,6 +139,8 @@ class Engine:
         seq.prefix_pages_reused = len(reused)
         logits = None
         while seq.num_tokens < len(ids):
+            if logits is not None:
+                between_chunks()
             chunk = ids[seq.num_tokens:seq.num_tokens + self.config.chunk_size]
             logits = self.runner.forward([Segment(seq, chunk, ids[:seq.num_tokens + len(chunk)])])
         return logits[0]

@@ -72,7 +72,13 @@ class PrefillWorker(WorkerEndpoint):
                 if request_id in self._held or request_id in self._waiting:
                     raise ValueError(f"request {request_id!r} is already held by {self.cfg.name}")
                 self._wait_for_room(request_id, needed, wait_s)
-                logits = self.engine.prefill(seq, list(prompt_ids))
+                self._busy_with = request_id           # withdraw() now stops it between chunks
+                try:
+                    logits = self.engine.prefill(seq, list(prompt_ids),
+                                                 between_chunks=lambda: self._check_withdrawn(request_id))
+                finally:
+                    self._busy_with = None
+                    self._withdrawn.discard(request_id)
                 first = Sampler(params)(logits)
                 manifest = Manifest.from_tensors(
                     request_id=request_id, page_format=self.engine.page_format, page_ids=seq.pages,

@@ -143,16 +143,21 @@ class WorkerPool:
             task.add_done_callback(self._replacing.discard)
 
     async def _replace(self, role: Role) -> None:
+        """Start a worker of ``role`` and connect it to every live peer, including those that became live
+        while it loaded (when both roles die together, each replacement must meet the other)."""
         new = self._factory.start(role)
         peers = self.live(_other(role))
         try:
-            await connect(new, peers)
+            await connect(new, peers)            # waits for the model to load, even with no peer yet
+            while missing := [p for p in self.live(_other(role)) if p not in peers]:
+                peers += missing
+                await connect(new, missing)
         except Exception as exc:
             log.error("pool %s: replacement %s failed to start: %s", self.cfg.name, new.name, exc)
             kill(new)
             self._forget(new, peers)
             return
-        self._add(new)
+        self._add(new)     # no await since the last look: a peer that becomes live later sees this one
         self.totals.workers_replaced += 1
         async with self._changed:
             self._changed.notify_all()

@@ -12,6 +12,7 @@ import asyncio
 import enum
 import logging
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
@@ -166,7 +167,13 @@ async def _hand_over(pool: WorkerPool, rid: str, prompt_ids: list[int], params: 
             except Exception as exc:
                 # an aborted WRITE that may still land: decode keeps those pages out of use for a while
                 landing = not getattr(_cause(exc), "quiesced", True)
-                await _quietly(decode.actor.cancel.remote(rid, quarantine=landing))
+                try:
+                    await decode.actor.cancel.remote(rid, quarantine=landing)
+                except Exception as gone:
+                    if _dead(gone):      # the push failed because decode died: no token sent, so try again
+                        pool.worker_died(decode)
+                        raise RequestError(f"decode worker {decode.name} died during the transfer",
+                                           retryable=True) from exc
                 if _dead(exc):
                     pool.worker_died(prefill)
                     raise RequestError(f"prefill worker {prefill.name} died during the transfer",
@@ -193,10 +200,13 @@ async def run_request(pool: WorkerPool, request_id: str, prompt_ids: list[int], 
     """Yield lists of token ids; ``stats`` is filled in as the request goes. Raises RequestError."""
     attempt = 0
     deadline = asyncio.get_running_loop().time() + wait_s
+    # the workers' key: unique per run, since a cancelled run's clean-up may still hold its key on a
+    # worker when the client retries under the same request_id
+    run = uuid.uuid4().hex[:8]
     while True:
         attempt += 1
         stats.attempts = attempt
-        rid = f"{request_id}#{attempt}"
+        rid = f"{request_id}#{run}.{attempt}"
         try:
             decode = await _hand_over(pool, rid, prompt_ids, params, stats, deadline)
             break

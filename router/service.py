@@ -88,6 +88,7 @@ class RouterService(pb_grpc.RouterServicer):
         self.metrics = metrics
         self.admission = Admission(config.router.max_inflight, config.router.max_queue, metrics)
         self._active: set[str] = set()       # request ids in flight: a worker keys its pages by them
+        self._gauged: dict[str, set[tuple[str, str, str]]] = {}   # pool -> its kv_pages_in_use label sets
 
     # ---- validation ----
     def _pool(self, req: pb.GenerateRequest) -> WorkerPool:
@@ -150,10 +151,12 @@ class RouterService(pb_grpc.RouterServicer):
 
     # ---- Generate ----
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
+        received = time.perf_counter()
         try:
             prep = self._prepare(request)
         except (InvalidArgument, UnknownFormatError) as exc:
-            self.metrics.requests.labels(request.pool or "-", "invalid").inc()
+            # a label per pool served, not per name a client makes up (each would be a new series)
+            self.metrics.requests.labels(request.pool if request.pool in self.pools else "-", "invalid").inc()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         pool, name = prep.pool, prep.pool.cfg.name
         if prep.request_id in self._active:
@@ -165,9 +168,10 @@ class RouterService(pb_grpc.RouterServicer):
         outcome = "failed"
         try:
             async with self.admission.slot():
-                async for event in self._stream(prep, context):
+                async for event in self._stream(prep, context, received):
+                    if event.HasField("finished"):
+                        outcome = "ok"       # a client may close the call as soon as it has this
                     yield event
-                outcome = "ok"
         except QueueFull as exc:
             outcome = "rejected"
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
@@ -181,8 +185,9 @@ class RouterService(pb_grpc.RouterServicer):
             if exc.failure is not Failure.WORKER:
                 outcome = "rejected"
             await context.abort(_STATUS[exc.failure], str(exc))
-        except asyncio.CancelledError:
-            outcome = "cancelled"
+        except (asyncio.CancelledError, GeneratorExit):   # GeneratorExit: the client closed the call mid-stream
+            if outcome != "ok":
+                outcome = "cancelled"
             raise
         finally:
             self._active.discard(prep.request_id)
@@ -195,9 +200,10 @@ class RouterService(pb_grpc.RouterServicer):
         limit = self.config.router.request_timeout_s
         return limit if left is None else min(left, limit)
 
-    async def _stream(self, prep: Prepared, context: grpc.aio.ServicerContext):
+    async def _stream(self, prep: Prepared, context: grpc.aio.ServicerContext, received: float):
+        """The request's events; its times count from ``received`` (time queued in the router included)."""
         pool, name = prep.pool, prep.pool.cfg.name
-        stats = RequestStats(prep.request_id, len(prep.prompt_ids))
+        stats = RequestStats(prep.request_id, len(prep.prompt_ids), started=received)
         tokenizer = self.tokenizers.get(name)
         decoder = StreamDecoder(tokenizer) if tokenizer is not None else None
         async with asyncio.timeout(self._timeout(context)):
@@ -237,9 +243,17 @@ class RouterService(pb_grpc.RouterServicer):
     # ---- ListPools / Stats ----
     async def _workers(self, pool: WorkerPool) -> list[pb.WorkerInfo]:
         out = []
-        for w, c in await pool.worker_counters():
+        counted = await pool.worker_counters()
+        members = {(pool.cfg.name, w.name, w.role.value) for w, _ in counted}
+        gauged = self._gauged.setdefault(pool.cfg.name, set())
+        for gone in gauged - members:          # a dead worker's last reading is no reading: drop its series
+            self.metrics.pages_in_use.remove(*gone)
+            gauged.discard(gone)
+        for w, c in counted:
             if c is not None:      # no answer: leave the gauge at its last reading rather than zero it
-                self.metrics.pages_in_use.labels(pool.cfg.name, w.name, w.role.value).set(c["pages_in_use"])
+                labels = (pool.cfg.name, w.name, w.role.value)
+                self.metrics.pages_in_use.labels(*labels).set(c["pages_in_use"])
+                gauged.add(labels)
             c = c or {}
             out.append(pb.WorkerInfo(name=w.name, role=w.role.value, alive=c != {} and w.alive,
                                      pages_in_use=c.get("pages_in_use", 0), pages_free=c.get("pages_free", 0),

@@ -26,7 +26,8 @@ class WorkerEndpoint:
         self.transport = make_transport(cfg.transport, cfg.name, **options)
         self.transport.register_pool(self.kv.pool.storage, self.engine.page_format)
         self._waiting: collections.deque[str] = collections.deque()   # requests waiting for pages, in order
-        self._withdrawn: set[str] = set()     # waiting requests whose caller gave up (``withdraw``)
+        self._withdrawn: set[str] = set()     # waiting or running requests whose caller gave up (``withdraw``)
+        self._busy_with: str | None = None    # the request a long step (a prefill) runs for: it may be withdrawn
         self._turns: threading.Condition | None = None     # the subclass's "pages were freed" condition
 
     def _wait_in_turn(self, rid: str, room: Callable[[], bool], timeout_s: float,
@@ -49,13 +50,23 @@ class WorkerEndpoint:
     def withdraw(self, rid: str) -> bool:
         """The caller gave up on ``rid`` (cancelled, or past its deadline) while it may be waiting for pages:
         end that wait now, so a dead request does not hold up those queued behind it. A no-op (False) when
-        ``rid`` is not waiting: whatever it holds is freed by the caller's cancel or release."""
+        ``rid`` is not waiting: whatever it holds is freed by the caller's cancel or release. The request a
+        long step runs for (``_busy_with``) is marked without the lock, which that step holds; the step
+        looks between its chunks (``_check_withdrawn``)."""
+        if rid == self._busy_with:
+            self._withdrawn.add(rid)
+            return True
         with self._turns:
             if rid not in self._waiting:
                 return False
             self._withdrawn.add(rid)
             self._turns.notify_all()
         return True
+
+    def _check_withdrawn(self, rid: str) -> None:
+        """Between the chunks of a long step for ``rid``: stop if its caller withdrew it."""
+        if rid in self._withdrawn:
+            raise Withdrawn(f"request {rid!r} was withdrawn by its caller while it ran")
 
     def remove_peer(self, name: str) -> bool:
         """Forget a peer that died (its transfer metadata and connections); False if it was not connected."""

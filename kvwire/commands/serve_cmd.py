@@ -94,13 +94,19 @@ def run(args: argparse.Namespace) -> int:
             running[0].hurry()
         stop.set()
 
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):    # SIGHUP: its terminal closed
-        signal.signal(sig, on_signal)
+    def handle_signals() -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):    # SIGHUP: its terminal closed
+            signal.signal(sig, on_signal)
+
+    handle_signals()
     try:
         router = start_router(config, ray_address=args.address, progress=progress)
     except OSError as exc:
         raise UsageError(f"cannot start the router: {exc}") from exc
     running.append(router)
+    # ray.init puts its own SIGTERM handler on top (it logs, calls ours, then kills the process about
+    # 3 s later): k8s and `docker stop` send SIGTERM, and the drain must run, so ours go back on top
+    handle_signals()
     try:
         print(f"[kvwire] serving on {router.target} (gRPC kvwire.v1.Router, health, reflection)", flush=True)
         if router.metrics_port:

@@ -139,3 +139,43 @@ def test_a_hold_being_pushed_does_not_expire(worker):
     worker._held["p"].pushing = False
     worker._expire()
     assert worker.counters()["requests_held"] == 0 and worker.counters()["pages_in_use"] == 0
+
+
+def test_a_prompt_withdrawn_while_it_runs_stops_at_the_next_chunk():
+    """A cancelled long prompt ran to its end (43 s for 6,000 tokens on this CPU), holding the worker's
+    lock, so every request behind it waited."""
+    from transfer.endpoint import Withdrawn
+
+    w = PrefillWorker(WorkerConfig(f"long-{time.monotonic_ns()}", "bf16", load_format="dummy",
+                                   model_shape="smollm2-135m", device="cpu", transport="inprocess",
+                                   num_pages=200, chunk_size=64))
+    try:
+        got: dict = {}
+
+        def run() -> None:
+            start = time.monotonic()
+            try:
+                got["result"] = w.prefill_request("long", prompt(2000, 16), PARAMS, 60)
+            except Exception as exc:
+                got["result"] = exc
+            got["s"] = time.monotonic() - start
+
+        t = threading.Thread(target=run)
+        t.start()
+        assert wait_for(lambda: w._busy_with == "long", 30)
+        assert w.withdraw("long")
+        t.join(60)
+        assert isinstance(got["result"], Withdrawn), got
+        assert w.counters()["pages_in_use"] == 0 and w.counters()["requests_held"] == 0
+        assert w.prefill_request("next", prompt(40, 17), PARAMS, 10)["manifest"]    # the worker goes on
+    finally:
+        w.shutdown()
+
+
+def wait_for(condition, timeout_s: float) -> bool:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return False

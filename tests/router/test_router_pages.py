@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -28,7 +29,7 @@ PAGES = 24        # per worker; 16-token pages
 
 @pytest.fixture(scope="module")
 def router(ray_cluster):
-    cfg = ServeConfig(RouterConfig(port=0, metrics_port=0, max_inflight=8, max_queue=8),
+    cfg = ServeConfig(RouterConfig(port=0, metrics_port="any", max_inflight=8, max_queue=8),
                       (PoolConfig("small", load_format="dummy", model_shape="smollm2-135m", device="cpu",
                                   num_pages=PAGES, max_batch=8),))
     running = start_router(cfg)
@@ -129,24 +130,63 @@ def test_a_cancelled_waiter_does_not_hold_up_those_behind_it(client):
     wait_until(lambda: idle(client), 30.0)
 
 
-def test_a_decode_death_noticed_elsewhere_ends_its_streams_at_once(router, client):
-    """Death noticed by a probe, a reservation or the gauge refresher (not the stream pump): the pump was
-    cancelled without ending its streams, which then hung until their deadline. Also: the live peers
-    forget the dead worker's transfer agent. Last in this module: it replaces the decode worker."""
+def test_a_request_id_retried_after_its_deadline_runs(client):
+    """The client's first try ends at its deadline while its prompt is still in prefill; a retry under
+    the same request_id found the first run's key still held on the worker and failed (INTERNAL)."""
+    with pytest.raises(grpc.RpcError) as err:
+        client.complete(prompt_ids=prompt(350, 40), max_tokens=4, request_id="retried", timeout_s=0.3)
+    assert err.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+    again = client.complete(prompt_ids=prompt(350, 40), max_tokens=4, request_id="retried", timeout_s=120)
+    assert len(again.token_ids) == 4
+    wait_until(lambda: idle(client), 30.0)
+
+
+def test_a_client_closing_the_call_counts_ok_or_cancelled_never_failed(client):
+    """Clients close the call as soon as Finished arrives, or mid-stream; when the router was paused at a
+    yield it saw GeneratorExit, not CancelledError, and counted the request failed."""
+    before = client.stats().pools[0]
+    for i in range(10):
+        stream = client.generate(None, prompt(20, 50 + i), 60, max_tokens=2 if i % 2 else 40, ignore_eos=True)
+        for event in stream:
+            if event.HasField("finished") or i % 2 == 0:     # odd: after Finished; even: after the first tokens
+                stream.cancel()
+                break
+    stats = lambda: client.stats().pools[0]  # noqa: E731
+    assert wait_until(lambda: stats().requests_ok + stats().requests_cancelled
+                      == before.requests_ok + before.requests_cancelled + 10, 10), client.stats()
+    assert stats().requests_failed == before.requests_failed
+    assert stats().requests_ok - before.requests_ok >= 5
+
+
+def test_both_workers_dying_together_end_streams_at_once_and_the_pool_recovers(router, client):
+    """Deaths noticed by a probe, a reservation or the gauge refresher (not the stream pump): the pump
+    was cancelled without ending its streams, which hung until their deadline. Both roles dying
+    together: each replacement connected only to the live workers when it started, so the two never
+    met and every later request failed (INTERNAL, 'not a connected peer') while Stats said alive.
+    Last in this module: it replaces both workers."""
     pool = router.pools["small"]
     stream = client.generate(None, prompt(40, 30), 60, max_tokens=300, ignore_eos=True)
     assert next(stream).HasField("delta")
-    victim = next(w for w in pool.workers if w.role is Role.DECODE)
-    router._loop.call_soon_threadsafe(pool.worker_died, victim)     # as reserve() does on a RayActorError
+    dead = {w.role: w for w in pool.workers}
+    # as reserve() and a probe do on a RayActorError
+    router._loop.call_soon_threadsafe(lambda: [pool.worker_died(w) for w in dead.values()])
     start = time.monotonic()
     with pytest.raises(grpc.RpcError) as err:
         for _ in stream:
             pass
     assert err.value.code() is grpc.StatusCode.INTERNAL and "died" in err.value.details(), err.value
     assert time.monotonic() - start < 20
-    assert wait_until(lambda: pool.totals.workers_replaced >= 1 and idle(client), 120), client.stats()
+    assert wait_until(lambda: pool.totals.workers_replaced >= 2 and idle(client), 180), client.stats()
     done = client.complete(prompt_ids=prompt(20, 31), max_tokens=3, timeout_s=120).finished
-    assert done.completion_tokens == 3 and done.decode_worker != victim.name
+    assert done.completion_tokens == 3
+    assert done.decode_worker != dead[Role.DECODE].name and done.prefill_worker != dead[Role.PREFILL].name
     prefill = next(w for w in pool.workers if w.role is Role.PREFILL)
     peers = ray.get(prefill.actor.__ray_call__.remote(lambda self: sorted(self.transport.peers)))
     assert peers == [done.decode_worker], peers
+
+    def gauged() -> set[str]:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{router.metrics_port}/metrics", timeout=10).read().decode()
+        return {line.split('worker="')[1].split('"')[0] for line in text.splitlines()
+                if line.startswith("kvwire_kv_pages_in_use{")}
+    # the dead workers' series went (they kept their last reading for good); the refresher runs every 5 s
+    assert wait_until(lambda: gauged() == {done.decode_worker, done.prefill_worker}, 30), gauged()

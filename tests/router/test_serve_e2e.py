@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -156,12 +157,15 @@ def test_queue_full_is_resource_exhausted_and_nothing_is_lost(served):
 
 
 def test_metrics_and_no_pages_held_after(served, client):
+    with pytest.raises(grpc.RpcError):              # a pool name made up by a client is not a label value
+        client.complete("hi", pool="made-up-" + "z" * 40, max_tokens=2, timeout_s=30)
     text = urllib.request.urlopen(f"http://127.0.0.1:{served.metrics_port}/metrics", timeout=10).read().decode()
     for name in ("kvwire_ttft_seconds_bucket", "kvwire_tpot_seconds_bucket", "kvwire_requests_total",
                  "kvwire_wire_bytes_total", "kvwire_wire_bf16_bytes_total", "kvwire_kv_pages_in_use",
                  "kvwire_prefix_pages_reused_total"):
         assert name in text, name
     assert 'outcome="rejected"' in text and 'outcome="ok"' in text
+    assert "made-up-" not in text and 'kvwire_requests_total{outcome="invalid",pool="-"}' in text
 
     def idle() -> bool:
         return all(w.pages_in_use == 0 and w.requests == 0 for p in client.stats().pools for w in p.workers)
@@ -187,19 +191,21 @@ def test_bench_serve_against_the_router(served, tmp_path):
     assert "| nvfp4 | 2 | 0 |" in run.stdout
 
 
-def test_ctrl_c_drains_a_second_cancels_and_everything_stops(served, client):
-    """The first Ctrl-C refuses new requests and lets streams in flight finish (they were cut off after
-    2 s); a second cancels those left. Either way the process ends cleanly, status 0."""
+def test_sigterm_drains_a_second_signal_cancels_and_everything_stops(served, client):
+    """SIGTERM (what k8s sends; Ctrl-C alike) refuses new requests and lets streams in flight finish
+    (they were cut off after 2 s; and Ray's own SIGTERM handler killed the process 3 s later, status
+    134); a second signal cancels those left. The process ends cleanly, status 0."""
     short = client.generate("Count: 1, 2, 3,", max_tokens=12, ignore_eos=True)
     long = client.generate("Count: 1, 2, 3,", max_tokens=2000, ignore_eos=True, pool="smol-nvfp4")
     assert next(short).HasField("delta") and next(long).HasField("delta")     # both are decoding
-    served.proc.send_signal(signal.SIGINT)
+    served.proc.send_signal(signal.SIGTERM)
     assert wait_until(lambda: any("draining 2 in-flight request(s)" in line for line in served.lines), 30), \
         served.lines[-10:]
     with pytest.raises(grpc.RpcError):                    # refused: the router is going away
         client.complete("Too late.", max_tokens=2, timeout_s=30)
     rest = list(short)
     assert rest[-1].HasField("finished") and rest[-1].finished.completion_tokens == 12, rest[-1]
+    time.sleep(4.0)                                       # past the 3 s after which Ray's handler killed it
     assert served.proc.poll() is None, "the router did not wait for the long stream"
     served.proc.send_signal(signal.SIGINT)
     with pytest.raises(grpc.RpcError) as err:

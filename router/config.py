@@ -28,6 +28,7 @@ not silently fall back to a default). Example (TOML)::
     cuda_graphs = true         # decode steps replayed from CUDA graphs (GPU workers; no effect on the CPU)
     transport = "nixl"         # or inprocess (tests)
     transfer_progress_delay_us = 1000   # NIXL's progress thread: longest sleep between polls (0 spins)
+    hung_worker_s = 60         # a decode worker silent this long (stopped, stuck on its GPU) is replaced
     prefill_resource = "kvwire_prefill"   # optional: custom Ray resources that pin each role
     decode_resource = "kvwire_decode"     # to the nodes that declare them
 """
@@ -67,6 +68,7 @@ class PoolConfig:
     cuda_graphs: bool = True
     transport: str = "nixl"
     transfer_progress_delay_us: int = 1000   # 1-1,000,000; NIXL's own 0 spins a core per worker
+    hung_worker_s: float = 60.0      # a decode worker whose stream poll answers nothing this long is replaced
     prefill_resource: str | None = None   # a custom Ray resource each prefill worker takes one unit of
     decode_resource: str | None = None    # (pins the roles to node groups, e.g. KubeRay worker groups)
 
@@ -97,6 +99,10 @@ class PoolConfig:
             raise ConfigError(f"pool {self.name}: cuda_graphs must be true or false, got {self.cuda_graphs!r}")
         if self.transport not in ("nixl", "inprocess"):
             raise ConfigError(f"pool {self.name}: transport must be nixl or inprocess, got {self.transport!r}")
+        hung = self.hung_worker_s
+        if not isinstance(hung, (int, float)) or isinstance(hung, bool) or not 1 <= hung <= 86400:
+            raise ConfigError(f"pool {self.name}: hung_worker_s must be a number of seconds from 1 to 86400, "
+                              f"got {hung!r}")
         delay = self.transfer_progress_delay_us
         if not isinstance(delay, int) or isinstance(delay, bool) or not 1 <= delay <= 1_000_000:
             raise ConfigError(f"pool {self.name}: transfer_progress_delay_us must be an integer from 1 to "

@@ -85,7 +85,7 @@ class WorkerPool:
     def _add(self, worker: Worker) -> None:
         self.workers.append(worker)
         if worker.role is Role.DECODE:
-            self._pumps[worker.name] = StreamPump(worker, self.worker_died)
+            self._pumps[worker.name] = StreamPump(worker, self.worker_died, self.cfg.hung_worker_s)
 
     async def stop(self) -> None:
         for task in self._replacing:

@@ -8,6 +8,7 @@ dies (whoever notices first), every stream on it ends with an error at once.
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 from typing import Callable
 
@@ -16,6 +17,11 @@ import ray
 from router.workers import Worker
 
 POLL_S = 0.5
+log = logging.getLogger("kvwire.router")
+
+
+async def _awaited(ref):
+    return await ref
 
 
 @dataclass(frozen=True)
@@ -27,9 +33,12 @@ class StreamLost:
 
 
 class StreamPump:
-    def __init__(self, worker: Worker, on_death: Callable[[Worker], None]) -> None:
+    def __init__(self, worker: Worker, on_death: Callable[[Worker], None], hung_s: float = 60.0) -> None:
+        """``hung_s``: a poll (which itself returns within POLL_S) unanswered this long means the worker is
+        stuck (stopped, a hung GPU): it is treated as dead, so its streams end and a replacement starts."""
         self.worker = worker
         self._on_death = on_death
+        self._hung_s = hung_s
         self._queues: dict[str, asyncio.Queue] = {}
         self._wake = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"pump-{worker.name}")
@@ -57,9 +66,16 @@ class StreamPump:
                 continue
             rids = list(self._queues)
             try:
-                batches = await self.worker.actor.poll_streams.remote(rids, POLL_S)
+                batches = await asyncio.wait_for(_awaited(self.worker.actor.poll_streams.remote(rids, POLL_S)),
+                                                 POLL_S + self._hung_s)
             except ray.exceptions.RayActorError as exc:
                 self._fail_all(f"decode worker {self.worker.name} died: {exc.__class__.__name__}")
+                self._on_death(self.worker)
+                return
+            except asyncio.TimeoutError:
+                log.error("decode worker %s answered no stream poll in %.0f s: taken as hung and replaced",
+                          self.worker.name, POLL_S + self._hung_s)
+                self._fail_all(f"decode worker {self.worker.name} hung (no answer in {self._hung_s:.0f} s)")
                 self._on_death(self.worker)
                 return
             except Exception as exc:  # a failed poll fails its streams, never the pump silently

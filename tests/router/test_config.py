@@ -67,6 +67,7 @@ def test_defaults_serve_smollm2_bf16():
     ({"pools": [{"name": "p", "transfer_progress_delay_us": 1.5}]}, ["transfer_progress_delay_us"]),
     ({"pools": []}, ["at least one pool"]),
     ({"router": {"drain_timeout_s": -1}}, ["drain_timeout_s", "0 to 3600"]),
+    ({"pools": [{"name": "p", "hung_worker_s": 0}]}, ["hung_worker_s", "1 to 86400"]),
     ({"router": {"drain_timeout_s": "30s"}}, ["drain_timeout_s", "'30s'"]),
     ({"router": {"drain_timeout_s": float("nan")}}, ["drain_timeout_s"]),
 ])

@@ -6,6 +6,8 @@ ends its streams at once whoever notices it. Random weights at SmolLM2's shape k
 the CPU."""
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 import urllib.request
@@ -31,7 +33,7 @@ PAGES = 24        # per worker; 16-token pages
 def router(ray_cluster):
     cfg = ServeConfig(RouterConfig(port=0, metrics_port="any", max_inflight=8, max_queue=8),
                       (PoolConfig("small", load_format="dummy", model_shape="smollm2-135m", device="cpu",
-                                  num_pages=PAGES, max_batch=8),))
+                                  num_pages=PAGES, max_batch=8, hung_worker_s=10),))
     running = start_router(cfg)
     yield running
     running.stop()
@@ -158,6 +160,30 @@ def test_a_client_closing_the_call_counts_ok_or_cancelled_never_failed(client):
     assert stats().requests_ok - before.requests_ok >= 5
 
 
+def test_a_hung_decode_worker_is_replaced_and_its_streams_end(router, client):
+    """A decode worker that stops answering (SIGSTOP here; a GPU stuck in a kernel alike): its streams
+    hung until their deadline (600 s without one) and it was never replaced."""
+    pool = router.pools["small"]
+    stream = client.generate(None, prompt(40, 60), 60, max_tokens=300, ignore_eos=True)
+    assert next(stream).HasField("delta")
+    victim = next(w for w in pool.workers if w.role is Role.DECODE)
+    pid = ray.get(victim.actor.__ray_call__.remote(lambda self: os.getpid()))
+    replaced = pool.totals.workers_replaced
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(grpc.RpcError) as err:
+            for _ in stream:
+                pass
+        assert err.value.code() is grpc.StatusCode.INTERNAL and "hung" in err.value.details(), err.value
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:                  # killed by the router, as it should be
+            pass
+    assert wait_until(lambda: pool.totals.workers_replaced == replaced + 1 and idle(client), 120), client.stats()
+    assert client.complete(prompt_ids=prompt(20, 61), max_tokens=3, timeout_s=120).finished.completion_tokens == 3
+
+
 def test_both_workers_dying_together_end_streams_at_once_and_the_pool_recovers(router, client):
     """Deaths noticed by a probe, a reservation or the gauge refresher (not the stream pump): the pump
     was cancelled without ending its streams, which hung until their deadline. Both roles dying
@@ -168,6 +194,7 @@ def test_both_workers_dying_together_end_streams_at_once_and_the_pool_recovers(r
     stream = client.generate(None, prompt(40, 30), 60, max_tokens=300, ignore_eos=True)
     assert next(stream).HasField("delta")
     dead = {w.role: w for w in pool.workers}
+    replaced = pool.totals.workers_replaced
     # as reserve() and a probe do on a RayActorError
     router._loop.call_soon_threadsafe(lambda: [pool.worker_died(w) for w in dead.values()])
     start = time.monotonic()
@@ -176,7 +203,7 @@ def test_both_workers_dying_together_end_streams_at_once_and_the_pool_recovers(r
             pass
     assert err.value.code() is grpc.StatusCode.INTERNAL and "died" in err.value.details(), err.value
     assert time.monotonic() - start < 20
-    assert wait_until(lambda: pool.totals.workers_replaced >= 2 and idle(client), 180), client.stats()
+    assert wait_until(lambda: pool.totals.workers_replaced >= replaced + 2 and idle(client), 180), client.stats()
     done = client.complete(prompt_ids=prompt(20, 31), max_tokens=3, timeout_s=120).finished
     assert done.completion_tokens == 3
     assert done.decode_worker != dead[Role.DECODE].name and done.prefill_worker != dead[Role.PREFILL].name

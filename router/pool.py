@@ -100,6 +100,11 @@ class WorkerPool:
     async def _shutdown(w: Worker) -> None:
         await asyncio.wait_for(asyncio.wrap_future(w.actor.shutdown.remote().future()), 10)
 
+    @property
+    def ready(self) -> bool:
+        """A live worker of each role: requests can run now (not only wait for replacements)."""
+        return bool(self.live(Role.PREFILL)) and bool(self.live(Role.DECODE))
+
     def live(self, role: Role) -> list[Worker]:
         return [w for w in self.workers if w.alive and w.role is role]
 

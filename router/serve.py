@@ -203,8 +203,8 @@ async def _serve(config: ServeConfig, progress: Callable[[str], None], ready: Fu
         rc = config.router
         port = _listen(server, rc.host, rc.port)
         await server.start()
-        for name in ("", SERVICE_NAME):
-            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        health_names = await _set_health(health_servicer, pools, {})
+        watch = asyncio.get_running_loop().create_task(_watch_health(health_servicer, pools, health_names))
         metrics_port = 0
         if rc.metrics_port:
             metrics_port = metrics.serve(rc.host, 0 if rc.metrics_port == METRICS_ANY_PORT else rc.metrics_port)
@@ -212,7 +212,8 @@ async def _serve(config: ServeConfig, progress: Callable[[str], None], ready: Fu
         ready.set_result((f"{rc.host}:{port}", metrics_port))
         await stop.wait()
         gauges.cancel()
-        for name in ("", SERVICE_NAME):
+        watch.cancel()
+        for name in health_names:
             await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     finally:
         if server is not None:
@@ -240,3 +241,30 @@ async def _drain(server: grpc.aio.Server, inflight: int, grace_s: float, hurry: 
         await stopping
     finally:
         hurried.cancel()
+
+
+HEALTH_EVERY_S = 1.0
+
+
+async def _set_health(servicer: health.aio.HealthServicer, pools: dict[str, WorkerPool],
+                      last: dict[str, bool]) -> dict[str, bool]:
+    """Health by service name: "<Router>/<pool>" SERVING while the pool has a live worker of each role;
+    the Router's name (k8s readiness) while any pool does; "" (k8s liveness: the process answers)
+    always, so that replacing workers never restarts the router. Sets only what changed."""
+    states = {f"{SERVICE_NAME}/{name}": pool.ready for name, pool in pools.items()}
+    states[SERVICE_NAME] = any(states.values())
+    states[""] = True
+    for name, ok in states.items():
+        if last.get(name) != ok:
+            await servicer.set(name, health_pb2.HealthCheckResponse.SERVING if ok
+                               else health_pb2.HealthCheckResponse.NOT_SERVING)
+    return states
+
+
+async def _watch_health(servicer: health.aio.HealthServicer, pools: dict[str, WorkerPool],
+                        states: dict[str, bool]) -> None:
+    """Keep health current, so that a probe (k8s readiness) sees a pool with no live worker as down
+    rather than SERVING while its requests wait for replacements."""
+    while True:
+        await asyncio.sleep(HEALTH_EVERY_S)
+        states.update(await _set_health(servicer, pools, states))

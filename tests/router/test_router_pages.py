@@ -203,7 +203,10 @@ def test_both_workers_dying_together_end_streams_at_once_and_the_pool_recovers(r
             pass
     assert err.value.code() is grpc.StatusCode.INTERNAL and "died" in err.value.details(), err.value
     assert time.monotonic() - start < 20
+    # health says what the pool can do (it said SERVING while no worker was live)
+    assert wait_until(lambda: health(router) == ("NOT_SERVING", "NOT_SERVING"), 5), health(router)
     assert wait_until(lambda: pool.totals.workers_replaced >= replaced + 2 and idle(client), 180), client.stats()
+    assert wait_until(lambda: health(router) == ("SERVING", "SERVING"), 10), health(router)
     done = client.complete(prompt_ids=prompt(20, 31), max_tokens=3, timeout_s=120).finished
     assert done.completion_tokens == 3
     assert done.decode_worker != dead[Role.DECODE].name and done.prefill_worker != dead[Role.PREFILL].name
@@ -217,3 +220,14 @@ def test_both_workers_dying_together_end_streams_at_once_and_the_pool_recovers(r
                 if line.startswith("kvwire_kv_pages_in_use{")}
     # the dead workers' series went (they kept their last reading for good); the refresher runs every 5 s
     assert wait_until(lambda: gauged() == {done.decode_worker, done.prefill_worker}, 30), gauged()
+
+
+def health(router) -> tuple[str, str]:
+    """The router's health for its service and for pool "small"."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(router.target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        return tuple(health_pb2.HealthCheckResponse.ServingStatus.Name(
+            stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=10).status)
+            for name in ("kvwire.v1.Router", "kvwire.v1.Router/small"))

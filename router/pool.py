@@ -16,7 +16,7 @@ import ray
 from kvwire.formats import KVFormat, PageFormat
 from kvwire.model.config import ModelConfig
 from router.config import PoolConfig
-from router.streams import StreamPump
+from router.streams import StreamPump, awaited
 from router.workers import Role, Worker, WorkerFactory, connect, kill
 
 log = logging.getLogger("kvwire.router")
@@ -25,12 +25,8 @@ PROBE_TIMEOUT_S = 10.0       # a worker that does not answer a counters/affinity
 
 async def _probe(refs: list) -> list:
     """Await quick worker calls together; a slow one comes back as a TimeoutError, not a hang."""
-    return await asyncio.gather(*(asyncio.wait_for(_awaited(r), PROBE_TIMEOUT_S) for r in refs),
+    return await asyncio.gather(*(asyncio.wait_for(awaited(r), PROBE_TIMEOUT_S) for r in refs),
                                 return_exceptions=True)
-
-
-async def _awaited(ref):
-    return await ref
 
 
 def _other(role: Role) -> Role:

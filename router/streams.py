@@ -20,7 +20,8 @@ POLL_S = 0.5
 log = logging.getLogger("kvwire.router")
 
 
-async def _awaited(ref):
+async def awaited(ref):
+    """A Ray ObjectRef as a coroutine, for ``asyncio.wait_for`` (which needs an awaitable it can wrap)."""
     return await ref
 
 
@@ -66,7 +67,7 @@ class StreamPump:
                 continue
             rids = list(self._queues)
             try:
-                batches = await asyncio.wait_for(_awaited(self.worker.actor.poll_streams.remote(rids, POLL_S)),
+                batches = await asyncio.wait_for(awaited(self.worker.actor.poll_streams.remote(rids, POLL_S)),
                                                  POLL_S + self._hung_s)
             except ray.exceptions.RayActorError as exc:
                 self._fail_all(f"decode worker {self.worker.name} died: {exc.__class__.__name__}")

@@ -107,10 +107,21 @@ class DecodeWorker(WorkerEndpoint):
         """
         m = decode_manifest(manifest_blob, self.engine.page_format)
         self._check_scales(m)
+        self._check_payload(m)
         if m.sender not in self.transport.peers:
             raise ManifestError(f"manifest sender {m.sender!r} is not a connected peer of {self.cfg.name}")
         max_pages = self._max_pages(m.num_tokens, len(m.page_ids), params)
         return {"request_id": m.request_id, "pages": self._reserve(m, params, max_pages, timeout_s)}
+
+    def _check_payload(self, m) -> None:
+        """What the format contract cannot check: a first token this model has, and a finite tail.
+        Either would otherwise fail the first decode step of every request batched with this one."""
+        vocab = self.engine.model.config.vocab_size
+        if not 0 <= m.first_token < vocab:
+            raise ManifestError(f"manifest {m.request_id}: first_token {m.first_token} is not a token id of "
+                                f"this model (vocabulary {vocab})")
+        if m.tail_len and not torch.isfinite(m.tail_tensor()).all():
+            raise ManifestError(f"manifest {m.request_id}: the bf16 tail holds non-finite values (NaN or inf)")
 
     def cancel(self, rid: str, quarantine: bool = False) -> bool:
         """Drop a reservation (its transfer failed or the request was cancelled). ``quarantine``: its
@@ -118,21 +129,25 @@ class DecodeWorker(WorkerEndpoint):
         after QUARANTINE_S (a request admitted into them meanwhile could have its K/V overwritten)."""
         with self._lock:
             res = self._reserved.pop(rid, None)
-            if res is not None and not quarantine:
+            if res is None:
+                return False
+            if quarantine:   # no transfer writes the tail slot (the tail comes in the manifest): free it now
+                self.engine.runner.release(SequenceKV(tail_slot=res[2]))
+                self._quarantined += len(res[1])
+            else:
                 self.engine.runner.release(SequenceKV(pages=res[1], tail_slot=res[2]))
-                self._notify()
-        if res is not None and quarantine:
-            self._quarantined += len(res[1])
-            timer = threading.Timer(QUARANTINE_S, self._end_quarantine, (res[1], res[2]))
+            self._notify()
+        if quarantine:
+            timer = threading.Timer(QUARANTINE_S, self._end_quarantine, (res[1],))
             timer.daemon = True
             timer.start()
-        return res is not None
+        return True
 
-    def _end_quarantine(self, pages: list[int], slot: int) -> None:
+    def _end_quarantine(self, pages: list[int]) -> None:
         with self._lock:
             self._quarantined -= len(pages)
             if not self._stop:
-                self.engine.runner.release(SequenceKV(pages=pages, tail_slot=slot))
+                self.engine.runner.release(SequenceKV(pages=pages))
                 self._notify()
 
     def activate(self, rid: str) -> None:

@@ -12,6 +12,7 @@ probes the router sends meanwhile (``counters``, ``cached_prefix_pages``) read w
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -24,6 +25,9 @@ from transfer.base import TransferError
 from transfer.endpoint import WorkerEndpoint
 from transfer.handle import TransferState
 from transfer.manifest import Manifest, parse_done_notice
+
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class _Held:
@@ -157,24 +161,35 @@ class PrefillWorker(WorkerEndpoint):
         """Free pages on decode notices, and expire holds nobody claimed.
 
         Transports deliver notices only when polled, so this sleeps between polls, longer while
-        nothing is held.
+        nothing is held. A failing round is logged and the loop goes on: were this thread to end,
+        no page would ever be freed again.
         """
         idle = 0.002
         while not self._stop.is_set():
             got = False
-            for _peer, msg in self.transport.poll_notifications():
-                rid = parse_done_notice(msg)
-                if rid is not None:
-                    got = self.release(rid) or got
-            self._expire()
+            try:
+                for peer, msg in self.transport.poll_notifications():
+                    rid = parse_done_notice(msg)
+                    if rid is not None:
+                        got = self.release(rid) or got
+                    elif msg.startswith(b"done:"):
+                        log.warning("%s: ignored a malformed done notice from %r: %r", self.cfg.name, peer, msg[:80])
+                self._expire()
+            except Exception:
+                log.exception("%s: a round of notices and expiry failed; retrying in 1 s", self.cfg.name)
+                self._stop.wait(1.0)
+                continue
             with self._lock:
                 busy = bool(self._held)
             idle = 0.002 if got else min(idle * 2, 0.02 if busy else 0.2)
             self._stop.wait(idle)
 
     def _expire(self) -> None:
+        """Free holds past their expiry, checked and popped under one lock so a push cannot start between."""
         now = time.monotonic()
         with self._lock:
             stale = [rid for rid, h in self._held.items() if now > h.expires and not h.pushing]
-        for rid in stale:
-            self.release(rid)
+            for rid in stale:
+                self.engine.runner.release(self._held.pop(rid).seq)
+            if stale:
+                self._freed.notify_all()

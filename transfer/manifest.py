@@ -214,5 +214,10 @@ def done_notice(request_id: str) -> bytes:
 
 
 def parse_done_notice(msg: bytes) -> str | None:
-    """The request id of a done notice, or None for any other message."""
-    return msg[len(_DONE_PREFIX):].decode() if msg.startswith(_DONE_PREFIX) else None
+    """The request id of a done notice, or None for any other message (a malformed one included)."""
+    if not msg.startswith(_DONE_PREFIX):
+        return None
+    try:
+        return msg[len(_DONE_PREFIX):].decode()
+    except UnicodeDecodeError:
+        return None

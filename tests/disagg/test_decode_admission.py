@@ -132,12 +132,35 @@ def test_pages_an_aborted_transfer_may_still_write_are_quarantined(pair, monkeyp
     prefill, decode_worker = pair
     monkeypatch.setattr(decode.worker, "QUARANTINE_S", 0.5)
     params = SamplingParams(max_tokens=4)
+    slots = decode_worker.kv.tails.free_slots
     pages = decode_worker.reserve(manifest(prefill, "q", 40, params), params, timeout_s=10)["pages"]
+    assert decode_worker.kv.tails.free_slots == slots - 1
     assert decode_worker.cancel("q", quarantine=True)
     c = decode_worker.counters()
     assert c["pages_quarantined"] == len(pages) == c["pages_in_use"] > 0 and c["reserved"] == 0
+    assert decode_worker.kv.tails.free_slots == slots     # no transfer writes a tail slot: it is free at once
     time.sleep(1.0)
     c = decode_worker.counters()
     assert c["pages_quarantined"] == 0 and c["pages_in_use"] == 0
     # the flag reaches the router through Ray, which pickles the worker's exception
     assert pickle.loads(pickle.dumps(TransferError("ended TIMED_OUT", quiesced=False))).quiesced is False
+
+
+def test_a_manifest_whose_token_or_tail_the_model_cannot_use_is_refused(pair):
+    """A first token past the vocabulary, or a NaN in the bf16 tail, passed the manifest's checks; the
+    request was admitted and the next decode step failed every request batched with it."""
+    import msgpack
+
+    from transfer.manifest import ManifestError
+
+    prefill, decode_worker = pair
+    params = SamplingParams(max_tokens=4)
+    payload = msgpack.unpackb(manifest(prefill, "bad", 40, params))     # 2 full pages and an 8-token tail
+    assert payload["tail"]
+    for change, words in (({"first_token": 10**9}, "first_token 1000000000 is not a token id"),
+                          ({"tail": b"\xff" * len(payload["tail"])}, "non-finite")):    # bf16 0xffff is a NaN
+        with pytest.raises(ManifestError, match=words):
+            decode_worker.reserve(msgpack.packb(payload | change), params, timeout_s=10)
+    assert decode_worker.counters()["pages_in_use"] == 0 and decode_worker.counters()["reserved"] == 0
+    assert decode_worker.reserve(msgpack.packb(payload), params, timeout_s=10)["pages"]
+    assert decode_worker.cancel("bad")

@@ -141,6 +141,33 @@ def test_a_hold_being_pushed_does_not_expire(worker):
     assert worker.counters()["requests_held"] == 0 and worker.counters()["pages_in_use"] == 0
 
 
+def test_a_malformed_notice_or_a_failing_poll_does_not_stop_freeing_pages(worker, caplog):
+    """One done notice with a non-UTF-8 id ended the notice thread for good (an uncaught
+    UnicodeDecodeError), and with it every later release by notice and every expiry."""
+    from transfer.manifest import done_notice
+
+    worker.prefill_request("a", prompt(40, 16), PARAMS)
+    worker.transport.deliver("stranger", b"done:\xff\xfe")
+    real_poll, failures = worker.transport.poll_notifications, []
+
+    def poll_failing_once():                          # a transport hiccup this test cannot cause otherwise
+        if not failures:
+            failures.append(1)
+            raise RuntimeError("transport hiccup")
+        return real_poll()
+
+    time.sleep(0.3)
+    worker.transport.poll_notifications = poll_failing_once
+    time.sleep(0.3)
+    assert failures and worker._thread.is_alive()
+    worker.transport.deliver("decode", done_notice("a"))
+    deadline = time.monotonic() + 5
+    while worker.counters()["requests_held"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert worker.counters()["requests_held"] == 0 and worker.counters()["pages_in_use"] == 0
+    assert "malformed done notice" in caplog.text and "transport hiccup" in caplog.text
+
+
 def test_a_prompt_withdrawn_while_it_runs_stops_at_the_next_chunk():
     """A cancelled long prompt ran to its end (43 s for 6,000 tokens on this CPU), holding the worker's
     lock, so every request behind it waited."""

@@ -133,10 +133,17 @@ class Transport(ABC):
             return connected
 
     def remove_peer(self, peer: str) -> None:
+        """Disconnect a peer (it died, or hangs). Its live transfers are aborted first, each drained as
+        ``abort`` does: dropped under them, they would end FAILED as if stopped while bytes still land."""
         with self._lock:
             self._peer(peer)
-            self._disconnect(peer)
-            del self._peers[peer]
+            handles = [h for h in self._live if h.peer == peer and not h.state.terminal]
+        for handle in handles:  # outside our lock, as in close()
+            handle.abort()
+        with self._lock:
+            if peer in self._peers:
+                self._disconnect(peer)
+                del self._peers[peer]
 
     def write_pages(self, peer: str, local_pages: Sequence[int], remote_pages: Sequence[int],
                     deadline_s: float, notify: bytes | None = None) -> TransferHandle:

@@ -39,6 +39,7 @@ from transfer.runs import Run
 log = logging.getLogger(__name__)
 
 _BACKEND = "UCX"
+_UNKNOWN = "UNKNOWN"   # check()'s answer when NIXL raised instead of giving a state
 
 
 def _import_nixl() -> Any:
@@ -97,6 +98,7 @@ class NixlHandle(TransferHandle):
             self._release()
             if status != "DONE":
                 self.error = f"NIXL reported {status} for {self.op.value} with peer {self.peer!r}"
+                self._quiesced = status != _UNKNOWN
                 return TransferState.FAILED
         if self._notify_msg is not None:
             self._transport.notify_peer(self.peer, self._notify_msg)
@@ -116,7 +118,7 @@ class NixlHandle(TransferHandle):
             log.warning("abort of %s gave up after %.1fs with the request still in flight; its pages "
                         "must not be reused", self, self._transport.abort_grace_s)
         self._release()
-        return status != "PROC"
+        return status not in ("PROC", _UNKNOWN)
 
     def _release(self) -> None:
         xfer, self._xfer = self._xfer, None
@@ -157,13 +159,14 @@ class NixlTransport(Transport):
 
     # ---- used by NixlHandle ----
     def check(self, xfer: Any) -> str:
-        """"DONE", "PROC" or "ERR" (a raising backend counts as ERR: the request is dead to us)."""
+        """"DONE", "PROC", "ERR", or "UNKNOWN" when NIXL could not say (the check raised, e.g. its peer
+        was dropped): the request may still be moving bytes, so it is dead to us but not quiesced."""
         with self._lock:
             try:
                 return self._agent.check_xfer_state(xfer)
             except Exception as exc:
                 log.error("NIXL state check of %r failed: %s", xfer, exc)
-                return "ERR"
+                return _UNKNOWN
 
     def release(self, xfer: Any) -> None:
         with self._lock:
@@ -201,7 +204,8 @@ class NixlTransport(Transport):
             raise PeerError(f"NIXL could not load the metadata of peer {handshake.agent_name!r}: {exc}") from exc
         name = name.decode() if isinstance(name, bytes) else name
         if name != handshake.agent_name:
-            self._agent.remove_remote_agent(name)
+            if name not in self._peers:   # never drop a connected peer's metadata for a bad handshake
+                self._agent.remove_remote_agent(name)
             raise PeerError(f"handshake names agent {handshake.agent_name!r} "
                             f"but its NIXL metadata is agent {name!r}")
         return name

@@ -144,3 +144,79 @@ def test_idle_agents_leave_the_cpu_alone() -> None:
     finally:
         a.close()
         b.close()
+
+
+def tcp_transports(tag: str, seed: int) -> tuple[NixlTransport, NixlTransport]:
+    fmt = big_format()
+    a = NixlTransport(unique(f"{tag}-a"), ucx_config={"TLS": "tcp"})
+    b = NixlTransport(unique(f"{tag}-b"), ucx_config={"TLS": "tcp"})
+    a.register_pool(random_pool(fmt, PAGES, seed=seed), fmt)
+    b.register_pool(torch.zeros((PAGES, fmt.page_bytes), dtype=torch.uint8), fmt)
+    a.add_peer(b.handshake())
+    b.add_peer(a.handshake())
+    return a, b
+
+
+def test_removing_a_peer_mid_flight_aborts_its_transfers_first() -> None:
+    """remove_peer dropped NIXL's peer under a live WRITE: its next check raised, the handle ended FAILED
+    with quiesced True, and the bytes went on landing (the owner would reuse pages still being written)."""
+    a, b = tcp_transports("rm", 12)
+    try:
+        for _ in range(5):  # a loaded host may finish the transfer before it can be caught
+            h = a.write_pages(b.name, list(range(PAGES)), list(range(PAGES)), deadline_s=30, notify=b"x")
+            if a.check(h._xfer) == "PROC":
+                break
+            h.wait(10)
+        else:
+            pytest.fail("no transfer was caught in flight")
+        a.remove_peer(b.name)
+        assert h.state is TransferState.ABORTED and h.quiesced and b.name not in a.peers
+        landed = b.storage.clone()
+        time.sleep(0.3)
+        assert torch.equal(b.storage, landed)             # quiesced: nothing lands after it said so
+        assert drain(b, 0) == []
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_check_nixl_cannot_answer_ends_the_transfer_not_quiesced(monkeypatch) -> None:
+    """A raising state check was taken for ERR, which says the request ended: its pages were then
+    released for reuse though it could still be writing them."""
+    a, b = tcp_transports("unk", 13)
+    try:
+        h = a.write_pages(b.name, list(range(PAGES)), list(range(PAGES)), deadline_s=30)
+
+        def no_answer(_xfer):                             # NIXL raising mid-transfer: not causable here
+            raise RuntimeError("NIXL_ERR_NOT_FOUND")
+
+        monkeypatch.setattr(a._agent, "check_xfer_state", no_answer)
+        assert h.poll() is TransferState.FAILED and not h.quiesced
+        assert "UNKNOWN" in h.error
+        monkeypatch.undo()
+        time.sleep(0.5)                                  # let the real transfer end before closing
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_handshake_naming_another_agent_leaves_a_connected_peer_alone() -> None:
+    """Refusing a handshake whose NIXL metadata names another agent dropped that agent's metadata, even
+    when it was a connected peer: every later transfer to it failed with NIXL_ERR_NOT_FOUND."""
+    import dataclasses
+
+    from transfer import PeerError
+
+    fmt = big_format()
+    a, b = NixlTransport(unique("hs-a")), NixlTransport(unique("hs-b"))
+    try:
+        a.register_pool(random_pool(fmt, 8, seed=14), fmt)
+        b.register_pool(torch.zeros((8, fmt.page_bytes), dtype=torch.uint8), fmt)
+        a.add_peer(b.handshake())
+        with pytest.raises(PeerError, match="NIXL metadata is agent"):
+            a.add_peer(dataclasses.replace(b.handshake(), agent_name=unique("someone-else")))
+        h = a.write_pages(b.name, [1], [2], deadline_s=10)
+        assert h.wait(10) is TransferState.DONE and torch.equal(b.storage[2], a.storage[1])
+    finally:
+        a.close()
+        b.close()

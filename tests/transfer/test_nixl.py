@@ -23,15 +23,20 @@ from transfer.nixl_transport import NixlTransport  # noqa: E402
 PAGES = 512  # x 256 KiB = 128 MiB per transfer: still in flight when checked, even on a loaded host
 
 
-@pytest.fixture(scope="module")
-def tcp_pair():
+def tcp_transports(tag: str, seed: int) -> tuple[NixlTransport, NixlTransport]:
     fmt = big_format()
-    a = NixlTransport(unique("tcp-a"), ucx_config={"TLS": "tcp"})
-    b = NixlTransport(unique("tcp-b"), ucx_config={"TLS": "tcp"})
-    a.register_pool(random_pool(fmt, PAGES, seed=11), fmt)
+    a = NixlTransport(unique(f"{tag}-a"), ucx_config={"TLS": "tcp"})
+    b = NixlTransport(unique(f"{tag}-b"), ucx_config={"TLS": "tcp"})
+    a.register_pool(random_pool(fmt, PAGES, seed=seed), fmt)
     b.register_pool(torch.zeros((PAGES, fmt.page_bytes), dtype=torch.uint8), fmt)
     a.add_peer(b.handshake())
     b.add_peer(a.handshake())
+    return a, b
+
+
+@pytest.fixture(scope="module")
+def tcp_pair():
+    a, b = tcp_transports("tcp", 11)
     yield a, b
     a.close()
     b.close()
@@ -144,17 +149,6 @@ def test_idle_agents_leave_the_cpu_alone() -> None:
     finally:
         a.close()
         b.close()
-
-
-def tcp_transports(tag: str, seed: int) -> tuple[NixlTransport, NixlTransport]:
-    fmt = big_format()
-    a = NixlTransport(unique(f"{tag}-a"), ucx_config={"TLS": "tcp"})
-    b = NixlTransport(unique(f"{tag}-b"), ucx_config={"TLS": "tcp"})
-    a.register_pool(random_pool(fmt, PAGES, seed=seed), fmt)
-    b.register_pool(torch.zeros((PAGES, fmt.page_bytes), dtype=torch.uint8), fmt)
-    a.add_peer(b.handshake())
-    b.add_peer(a.handshake())
-    return a, b
 
 
 def test_removing_a_peer_mid_flight_aborts_its_transfers_first() -> None:

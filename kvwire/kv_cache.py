@@ -49,6 +49,8 @@ class TailPool:
         return self._free.pop()
 
     def release(self, slot: int) -> None:
+        if not 0 <= slot < self.data.shape[0]:
+            raise ValueError(f"tail slot {slot} does not exist (0..{self.data.shape[0] - 1})")
         if slot in self._free:
             raise ValueError(f"tail slot {slot} is already free")
         self._free.append(slot)

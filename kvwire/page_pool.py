@@ -16,7 +16,7 @@ a hit means "same format, same tokens from position 0".
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -119,9 +119,12 @@ class PagePool:
 
     def release(self, pages: list[int]) -> None:
         """Drop one reference from each page; unreferenced pages become evictable or free."""
-        for page in pages:
-            if not 0 <= page < self.num_pages or self._refcount[page] <= 0:
+        for page, n in Counter(pages).items():   # a page twice in one call must hold two references
+            held = self._refcount[page] if 0 <= page < self.num_pages else 0
+            if held <= 0:
                 raise ValueError(f"page {page} is not allocated")
+            if held < n:
+                raise ValueError(f"page {page} is released {n} times but holds {held} reference(s)")
         for page in pages:
             self._refcount[page] -= 1
             if self._refcount[page] == 0:

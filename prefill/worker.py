@@ -3,7 +3,8 @@
 A request's pages stay held after ``prefill`` returns, until the decode side's notice says it
 has them (``transfer.manifest.done_notice``, delivered by the transport after the last byte landed), an
 explicit ``release``, or expiry: ``hold_timeout_s``, or the caller's ``wait_s`` if longer (a decode worker
-that died never answers), but never while a push reads them.
+that died never answers), but never once ``claim``ed: a transfer reads them (our push, or a decode
+worker's pull, which the caller claims first: expired pages may already hold another request's K/V).
 
 A prompt waits (up to ``wait_s``, in arrival order) while the pool is short of pages that held
 requests will free; one that needs more pages than the pool has is refused at once
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 class _Held:
     seq: SequenceKV
     expires: float            # monotonic time after which nobody is coming for it (``_expire``)
-    pushing: bool = False     # a push is reading the pages: they must not expire under it
+    claimed: bool = False     # a transfer reads the pages (``claim``): they must not expire under it
 
 
 class PrefillWorker(WorkerEndpoint):
@@ -114,12 +115,9 @@ class PrefillWorker(WorkerEndpoint):
         fails the request, and the caller cancels the peer's reservation, quarantining its pages when
         the TransferError says the aborted WRITE may still land there (``quiesced`` False).
         """
-        with self._lock:
-            held = self._held.get(request_id)
-            if held is not None:
-                held.pushing = True
+        held = self._claim(request_id)
         if held is None:
-            raise KeyError(f"request {request_id!r} is not held by {self.cfg.name}")
+            raise KeyError(f"request {request_id!r} is not held by {self.cfg.name} (expired or released)")
         deadline = self.cfg.transfer_deadline_s if deadline_s is None else deadline_s
         try:
             handle = self.transport.write_pages(peer, held.seq.pages, remote_pages, deadline)
@@ -134,6 +132,19 @@ class PrefillWorker(WorkerEndpoint):
         st = handle.stats
         return {"compact_bytes": st.compact_bytes, "bf16_bytes": st.bf16_bytes, "pages": st.num_pages,
                 "descriptors": st.num_descriptors, "seconds": st.seconds}
+
+    def claim(self, request_id: str) -> bool:
+        """A transfer is about to read a held request's pages: from now on they do not expire (only a
+        notice or ``release`` frees them). False if they are no longer held, expired or released: a
+        pull must not start then, since the pages may already hold another request's K/V."""
+        return self._claim(request_id) is not None
+
+    def _claim(self, request_id: str) -> _Held | None:
+        with self._lock:
+            held = self._held.get(request_id)
+            if held is not None:
+                held.claimed = True
+        return held
 
     def release(self, request_id: str) -> bool:
         """Free a request's pages (decode has them, or the request died). False if not held."""
@@ -188,7 +199,7 @@ class PrefillWorker(WorkerEndpoint):
         """Free holds past their expiry, checked and popped under one lock so a push cannot start between."""
         now = time.monotonic()
         with self._lock:
-            stale = [rid for rid, h in self._held.items() if now > h.expires and not h.pushing]
+            stale = [rid for rid, h in self._held.items() if now > h.expires and not h.claimed]
             for rid in stale:
                 self.engine.runner.release(self._held.pop(rid).seq)
             if stale:

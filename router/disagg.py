@@ -47,6 +47,8 @@ def _admit(pair: Pair, request_id: str, manifest: bytes, params: SamplingParams,
            mode: TransferMode, report: dict | None) -> None:
     prefill, decode = pair.prefill, pair.decode
     if mode is TransferMode.PULL:
+        if not ray.get(prefill.claim.remote(request_id)):      # expired: its pages may be another's now
+            raise RequestFailed(f"{request_id}: the prefill worker no longer holds its pages (hold expired)")
         ray.get(decode.admit.remote(manifest, params))
         return
     pages = ray.get(decode.reserve.remote(manifest, params))["pages"]

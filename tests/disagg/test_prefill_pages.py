@@ -132,13 +132,29 @@ def test_a_hold_being_pushed_does_not_expire(worker):
     worker._stop.set()                                # no background expiry: this test calls _expire itself
     worker._thread.join(5)
     worker.prefill_request("p", prompt(40, 15), PARAMS, wait_s=0.0)
-    worker._held["p"].pushing = True                  # as push() marks it before the transfer starts
+    assert worker.claim("p")                          # as push() does before the transfer starts
     time.sleep(0.05)
     worker._expire()
     assert worker.counters()["requests_held"] == 1
-    worker._held["p"].pushing = False
+    worker._held["p"].claimed = False
     worker._expire()
     assert worker.counters()["requests_held"] == 0 and worker.counters()["pages_in_use"] == 0
+
+
+def test_an_expired_hold_cannot_be_claimed_for_a_pull(worker):
+    """A pull after the hold expired READ whatever request had taken those pages since, and decoded
+    from it as if it were its own; the caller now claims the hold first and learns it is gone."""
+    import dataclasses
+
+    worker.cfg = dataclasses.replace(worker.cfg, hold_timeout_s=0.0)
+    worker.prefill_request("late", prompt(40, 17), PARAMS, wait_s=0.0)
+    worker.prefill_request("kept", prompt(40, 18), PARAMS, wait_s=30.0)
+    assert worker.claim("kept")
+    deadline = time.monotonic() + 5
+    while worker.counters()["requests_held"] > 1 and time.monotonic() < deadline:
+        time.sleep(0.05)                              # the notice thread expires "late"
+    assert not worker.claim("late") and worker.counters()["requests_held"] == 1
+    assert worker.release("kept") and worker.counters()["pages_in_use"] == 0
 
 
 def test_a_malformed_notice_or_a_failing_poll_does_not_stop_freeing_pages(worker, caplog):

@@ -19,6 +19,33 @@ def test_allocate_release_counters():
     assert pool.counters().free == 6
     with pytest.raises(ValueError, match="not allocated"):
         pool.release([a[0]])
+    for bad in (-1, 6):
+        with pytest.raises(ValueError, match="not allocated"):
+            pool.release([bad])
+
+
+def test_a_page_twice_in_one_release_needs_two_references():
+    """release([p, p]) of a page holding one reference took its count to -1: a page two sequences share
+    could then be evicted and handed out while still in use."""
+    pool = PagePool(FMT, 4)
+    (page,) = pool.allocate(1)
+    with pytest.raises(ValueError, match="released 2 times but holds 1"):
+        pool.release([page, page])
+    assert pool.counters().used == 1                     # refused whole: nothing was dropped
+    pool.release([page])
+    assert pool.counters().free == 4
+
+
+def test_a_tail_slot_out_of_range_is_refused():
+    from kvwire.kv_cache import TailPool
+
+    tails = TailPool(FMT, 3)
+    slot = tails.allocate()
+    for bad in (-1, 3):
+        with pytest.raises(ValueError, match="does not exist"):
+            tails.release(bad)
+    tails.release(slot)
+    assert tails.free_slots == 3
 
 
 def test_prefix_cache_hit_refcount_and_lru_eviction():

@@ -40,7 +40,7 @@ def check_page_ids(page_ids: Sequence[int], num_pages: int, what: str) -> list[i
         return ids
     out: list[int] = []
     seen: set[int] = set()
-    for raw in page_ids:
+    for raw in ids:
         if isinstance(raw, bool):
             raise PageIdError(f"{what}: page id {raw!r} is a bool, not an integer")
         try:

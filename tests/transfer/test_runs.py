@@ -28,6 +28,7 @@ def test_paired_runs_need_equal_lengths() -> None:
 
 def test_check_page_ids() -> None:
     assert check_page_ids([np.int64(3), 0], 4, "x") == [3, 0]
+    assert check_page_ids((np.int64(i) for i in (2, 1)), 4, "x") == [2, 1]   # one pass: it was [] for an iterator
     with pytest.raises(PageIdError, match=r"remote: page id 4 is outside \[0, 4\)"):
         check_page_ids([1, 4], 4, "remote")
     with pytest.raises(PageIdError, match="page id 1 appears more than once"):

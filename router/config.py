@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,27 @@ DEFAULT_METRICS_PORT = 9464
 
 class ConfigError(ValueError):
     """The serving configuration is invalid; the message names the key and what is allowed."""
+
+
+def _is_int(value: object) -> bool:
+    """An integer, not a bool (TOML's true would otherwise pass as 1)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_port(value: object) -> bool:
+    return _is_int(value) and 0 <= value < 65536
+
+
+def _check_strings(config: object, where: str, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> None:
+    """Text keys must be text: a number or null there failed later with an AttributeError traceback."""
+    for key in required + optional:
+        value = getattr(config, key)
+        if not isinstance(value, str) and not (key in optional and value is None):
+            raise ConfigError(f"{where}: {key} must be a string, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -73,6 +95,9 @@ class PoolConfig:
     decode_resource: str | None = None    # (pins the roles to node groups, e.g. KubeRay worker groups)
 
     def __post_init__(self) -> None:
+        _check_strings(self, "pool" if not isinstance(self.name, str) else f"pool {self.name}",
+                       ("name", "model", "kv_format", "device", "load_format", "transport"),
+                       ("model_shape", "prefill_resource", "decode_resource"))
         if not self.name or not all(c.isalnum() or c in "-_." for c in self.name):
             raise ConfigError(f"pool name {self.name!r}: use letters, digits, '-', '_' or '.'")
         try:
@@ -81,12 +106,12 @@ class PoolConfig:
             raise ConfigError(f"pool {self.name}: kv_format: {exc}") from exc
         for key in ("prefill_workers", "decode_workers", "page_size", "chunk_size", "max_batch"):
             value = getattr(self, key)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if not _is_int(value) or value < 1:
                 raise ConfigError(f"pool {self.name}: {key} must be a positive integer, got {value!r}")
-        if self.num_pages is not None and (not isinstance(self.num_pages, int) or self.num_pages < 1):
+        if self.num_pages is not None and (not _is_int(self.num_pages) or self.num_pages < 1):
             raise ConfigError(f"pool {self.name}: num_pages must be a positive integer, got {self.num_pages!r}")
         gpus = self.gpus_per_worker
-        if gpus != "auto" and not (isinstance(gpus, (int, float)) and not isinstance(gpus, bool) and gpus >= 0):
+        if gpus != "auto" and not (_is_number(gpus) and gpus >= 0):
             raise ConfigError(f"pool {self.name}: gpus_per_worker must be 'auto' or a number >= 0, got {gpus!r}")
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             raise ConfigError(f"pool {self.name}: device must be auto, cpu or cuda[:N], got {self.device!r}")
@@ -100,11 +125,11 @@ class PoolConfig:
         if self.transport not in ("nixl", "inprocess"):
             raise ConfigError(f"pool {self.name}: transport must be nixl or inprocess, got {self.transport!r}")
         hung = self.hung_worker_s
-        if not isinstance(hung, (int, float)) or isinstance(hung, bool) or not 1 <= hung <= 86400:
+        if not _is_number(hung) or not 1 <= hung <= 86400:
             raise ConfigError(f"pool {self.name}: hung_worker_s must be a number of seconds from 1 to 86400, "
                               f"got {hung!r}")
         delay = self.transfer_progress_delay_us
-        if not isinstance(delay, int) or isinstance(delay, bool) or not 1 <= delay <= 1_000_000:
+        if not _is_int(delay) or not 1 <= delay <= 1_000_000:
             raise ConfigError(f"pool {self.name}: transfer_progress_delay_us must be an integer from 1 to "
                               f"1000000 (1 s), got {delay!r}: 0 would make NIXL's progress thread spin a core")
 
@@ -115,10 +140,6 @@ class PoolConfig:
 
 
 METRICS_ANY_PORT = "any"
-
-
-def _is_port(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 65536
 
 
 @dataclass(frozen=True)
@@ -134,21 +155,22 @@ class RouterConfig:
     drain_timeout_s: float = 30.0                 # on stop, in-flight streams get this long to finish
 
     def __post_init__(self) -> None:
+        _check_strings(self, "router", ("host",), ("default_pool",))
         if not _is_port(self.port):
             raise ConfigError(f"router.port must be a port number (0-65535), got {self.port!r}")
         if not (_is_port(self.metrics_port) or self.metrics_port == METRICS_ANY_PORT):
             raise ConfigError("router.metrics_port must be a port number (0-65535; 0 turns /metrics off) "
                               f"or {METRICS_ANY_PORT!r}, got {self.metrics_port!r}")
-        if not isinstance(self.max_inflight, int) or self.max_inflight < 1:
-            raise ConfigError(f"router.max_inflight must be at least 1, got {self.max_inflight!r}")
-        if not isinstance(self.max_queue, int) or self.max_queue < 0:
-            raise ConfigError(f"router.max_queue must be 0 or more, got {self.max_queue!r}")
-        if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
-            raise ConfigError(f"router.max_attempts must be at least 1, got {self.max_attempts!r}")
-        if self.request_timeout_s <= 0:
-            raise ConfigError("router.request_timeout_s must be positive")
-        if (not isinstance(self.drain_timeout_s, (int, float)) or isinstance(self.drain_timeout_s, bool)
-                or not 0 <= self.drain_timeout_s <= 3600):
+        if not _is_int(self.max_inflight) or self.max_inflight < 1:
+            raise ConfigError(f"router.max_inflight must be an integer of at least 1, got {self.max_inflight!r}")
+        if not _is_int(self.max_queue) or self.max_queue < 0:
+            raise ConfigError(f"router.max_queue must be an integer of 0 or more, got {self.max_queue!r}")
+        if not _is_int(self.max_attempts) or self.max_attempts < 1:
+            raise ConfigError(f"router.max_attempts must be an integer of at least 1, got {self.max_attempts!r}")
+        if not _is_number(self.request_timeout_s) or not 0 < self.request_timeout_s < math.inf:
+            raise ConfigError(f"router.request_timeout_s must be a positive, finite number of seconds, got "
+                              f"{self.request_timeout_s!r}")
+        if not _is_number(self.drain_timeout_s) or not 0 <= self.drain_timeout_s <= 3600:
             raise ConfigError("router.drain_timeout_s must be a number of seconds from 0 to 3600, got "
                               f"{self.drain_timeout_s!r}")
 

@@ -70,6 +70,16 @@ def test_defaults_serve_smollm2_bf16():
     ({"pools": [{"name": "p", "hung_worker_s": 0}]}, ["hung_worker_s", "1 to 86400"]),
     ({"router": {"drain_timeout_s": "30s"}}, ["drain_timeout_s", "'30s'"]),
     ({"router": {"drain_timeout_s": float("nan")}}, ["drain_timeout_s"]),
+    # wrong types failed later, with an AttributeError traceback, or passed (true as 1 page)
+    ({"pools": [{"name": "p", "kv_format": 4}]}, ["kv_format must be a string", "4"]),
+    ({"pools": [{"name": "p", "device": None}]}, ["device must be a string", "None"]),
+    ({"pools": [{"name": "p", "model": 5}]}, ["model must be a string"]),
+    ({"pools": [{"name": 5}]}, ["name must be a string"]),
+    ({"pools": [{"name": "p", "num_pages": True}]}, ["num_pages", "True"]),
+    ({"router": {"host": 5}}, ["host must be a string"]),
+    ({"router": {"max_inflight": True}}, ["max_inflight", "True"]),
+    ({"router": {"request_timeout_s": "x"}}, ["request_timeout_s", "'x'"]),
+    ({"router": {"request_timeout_s": float("inf")}}, ["request_timeout_s", "inf"]),
 ])
 def test_mistakes_name_the_key(data, words):
     with pytest.raises(ConfigError) as err:

@@ -17,7 +17,7 @@ from kvwire.formats import KVFormat, PageFormat
 from kvwire.model.config import ModelConfig
 from router.config import PoolConfig
 from router.streams import StreamPump, awaited
-from router.workers import Role, Worker, WorkerFactory, connect, kill
+from router.workers import Role, Worker, WorkerFactory, connect, kill, unplaceable
 
 log = logging.getLogger("kvwire.router")
 PROBE_TIMEOUT_S = 10.0       # a worker that does not answer a counters/affinity probe is skipped
@@ -72,11 +72,25 @@ class WorkerPool:
         """Start every worker and connect each prefill worker to each decode worker."""
         prefill = [self._factory.start(Role.PREFILL) for _ in range(self.cfg.prefill_workers)]
         decode = [self._factory.start(Role.DECODE) for _ in range(self.cfg.decode_workers)]
-        await asyncio.gather(*(w.actor.handshake.remote() for w in prefill + decode))  # models loaded
-        for w in decode:
-            await connect(w, prefill)
+        try:
+            await asyncio.gather(*(w.actor.handshake.remote() for w in prefill + decode))  # models loaded
+            for w in decode:
+                await connect(w, prefill)
+        except BaseException:   # failed or cancelled (Ctrl-C during start-up): leave no actor behind
+            for w in prefill + decode:
+                kill(w)
+            raise
         for w in prefill + decode:
             self._add(w)
+
+    def placement_problems(self) -> list[str]:
+        """Roles of this pool that no node of the Ray cluster can place now (``workers.unplaceable``)."""
+        problems = []
+        for role in Role:
+            why = unplaceable(self._factory.demand(role))
+            if why:
+                problems.append(f"pool {self.cfg.name}: a {role.value} worker {why}")
+        return problems
 
     def _add(self, worker: Worker) -> None:
         self.workers.append(worker)

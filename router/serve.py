@@ -13,6 +13,7 @@ import os
 import socket
 import threading
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -21,6 +22,7 @@ import ray
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from kvwire.errors import StartError
 from kvwire.model.registry import load_model_config, load_tokenizer
 from router.api import router_pb2, router_pb2_grpc
 from router.config import METRICS_ANY_PORT, ServeConfig
@@ -29,9 +31,14 @@ from router.pool import WorkerPool
 from router.service import RouterService
 
 log = logging.getLogger("kvwire.router")
+STILL_STARTING_EVERY_S = 30.0     # how often start-up says it is still waiting for workers
 SERVICE_NAME = router_pb2.DESCRIPTOR.services_by_name["Router"].full_name
 LOCAL_RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 IN_USE = "already in use (another kvwire serve?)"
+
+
+class StartCancelled(Exception):
+    """Start-up was stopped (Ctrl-C) before the router served; whatever had started was stopped."""
 
 
 def start_local_ray(num_workers: int) -> None:
@@ -97,9 +104,18 @@ class RunningRouter:
 
 
 def start_router(config: ServeConfig, ray_address: str | None = None,
-                 progress: Callable[[str], None] = lambda msg: log.info(msg)) -> RunningRouter:
-    """Start Ray (unless connected already), every pool's workers and the gRPC server; return once serving."""
+                 progress: Callable[[str], None] = lambda msg: log.info(msg),
+                 cancel: threading.Event | None = None,
+                 after_ray: Callable[[], None] = lambda: None) -> RunningRouter:
+    """Start Ray (unless connected already), every pool's workers and the gRPC server; return once serving.
+
+    Models are checked before Ray starts (a bad path fails in a second, not after Ray's start-up).
+    ``cancel`` set meanwhile (Ctrl-C) stops whatever started and raises StartCancelled: workers Ray
+    cannot place would otherwise keep start-up waiting for good. ``after_ray`` runs once Ray is up
+    (ray.init replaces the SIGTERM handler; `kvwire serve` puts its own back there).
+    """
     check_ports_free(config)
+    models = _load_models(config)
     owns_ray = False
     if not ray.is_initialized():
         workers = sum(p.prefill_workers + p.decode_workers for p in config.pools)
@@ -110,15 +126,17 @@ def start_router(config: ServeConfig, ray_address: str | None = None,
             progress("starting a local Ray cluster on 127.0.0.1")
             start_local_ray(workers)
         owns_ray = True
+    after_ray()
     ready: Future = Future()
     stopped: Future = Future()
     loop = asyncio.new_event_loop()
     holder: dict = {}
+    task = loop.create_task(_serve(config, models, progress, ready, holder))
 
     def run() -> None:
         asyncio.set_event_loop(loop)
         try:
-            loop.run_until_complete(_serve(config, progress, ready, holder))
+            loop.run_until_complete(task)
         except BaseException as exc:  # reported through `ready` if start-up failed
             if not ready.done():
                 ready.set_exception(exc)
@@ -129,14 +147,38 @@ def start_router(config: ServeConfig, ray_address: str | None = None,
     thread = threading.Thread(target=run, name="kvwire-router", daemon=True)
     thread.start()
     try:
-        target, metrics_port = ready.result()
+        target, metrics_port = _await_ready(ready, cancel, lambda: loop.call_soon_threadsafe(task.cancel))
     except BaseException:
-        thread.join(timeout=30)
+        thread.join(timeout=60)
         if owns_ray:
             ray.shutdown()
         raise
     return RunningRouter(config, target, metrics_port, holder["pools"], loop, thread, stopped, owns_ray,
                          holder["stop"], holder["hurry"])
+
+
+def _await_ready(ready: Future, cancel: threading.Event | None, stop: Callable[[], None]) -> tuple[str, int]:
+    """Wait for start-up, looking at ``cancel`` twice a second; on it, stop start-up and raise StartCancelled."""
+    while True:
+        if cancel is not None and cancel.is_set():
+            stop()
+            raise StartCancelled("stopped before serving")
+        try:
+            return ready.result(timeout=0.5)
+        except FutureTimeout:
+            continue
+
+
+def _load_models(config: ServeConfig) -> dict[str, tuple]:
+    """Each pool's model config and tokenizer (no weights: the workers load those), or StartError."""
+    models = {}
+    for pc in config.pools:
+        try:
+            models[pc.name] = (load_model_config(pc.model, pc.load_format, pc.model_shape),
+                               load_tokenizer(pc.model, pc.load_format, pc.model_shape))
+        except (ValueError, OSError) as exc:
+            raise StartError(f"pool {pc.name}: model {pc.model!r}: {exc}") from exc
+    return models
 
 
 def check_ports_free(config: ServeConfig) -> None:
@@ -176,7 +218,8 @@ def _listen(server: grpc.aio.Server, host: str, port: int) -> int:
     return bound
 
 
-async def _serve(config: ServeConfig, progress: Callable[[str], None], ready: Future, holder: dict) -> None:
+async def _serve(config: ServeConfig, models: dict[str, tuple], progress: Callable[[str], None], ready: Future,
+                 holder: dict) -> None:
     stop, hurry = asyncio.Event(), asyncio.Event()
     holder["stop"], holder["hurry"] = stop, hurry
     pools: dict[str, WorkerPool] = {}
@@ -186,14 +229,14 @@ async def _serve(config: ServeConfig, progress: Callable[[str], None], ready: Fu
     server = service = None
     try:
         auto = auto_gpus_per_worker(config)
+        _check_gpu_devices(config, auto)
         for pc in config.pools:
-            model = load_model_config(pc.model, pc.load_format, pc.model_shape)
-            tokenizers[pc.name] = load_tokenizer(pc.model, pc.load_format, pc.model_shape)
+            model, tokenizers[pc.name] = models[pc.name]
             pools[pc.name] = WorkerPool(pc, model, auto)
         progress(f"starting {sum(p.prefill_workers + p.decode_workers for p in config.pools)} workers "
                  f"in {len(pools)} pool(s): " + ", ".join(f"{p.name} ({p.kv_format}, {p.prefill_workers} prefill "
                                                           f"+ {p.decode_workers} decode)" for p in config.pools))
-        await asyncio.gather(*(p.start() for p in pools.values()))
+        await _start_pools(list(pools.values()), progress)
         service = RouterService(config, pools, tokenizers, metrics)
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         router_pb2_grpc.add_RouterServicer_to_server(service, server)
@@ -221,6 +264,37 @@ async def _serve(config: ServeConfig, progress: Callable[[str], None], ready: Fu
                          progress)
         metrics.stop()
         await asyncio.gather(*(p.stop() for p in pools.values()), return_exceptions=True)
+
+
+def _check_gpu_devices(config: ServeConfig, auto_gpus: float) -> None:
+    """A pool set to a CUDA device whose workers would get no GPU fails now, not as dead actors later."""
+    for pc in config.pools:
+        if pc.device.startswith("cuda") and pc.num_gpus is None and not auto_gpus:
+            raise StartError(f"pool {pc.name}: device {pc.device}, but the Ray cluster has no GPU for its workers "
+                             "(use device auto or cpu)")
+
+
+async def _start_pools(pools: list[WorkerPool], progress: Callable[[str], None]) -> None:
+    """Start every pool's workers, saying why when Ray cannot place some and, while they load, that
+    start-up is still going (a model load takes seconds to minutes; a missing node, until it comes)."""
+    for problem in (p for pool in pools for p in pool.placement_problems()):
+        progress(f"warning: {problem}. Waiting for such a node (an autoscaler may add one); Ctrl-C stops.")
+    starting = asyncio.gather(*(p.start() for p in pools))
+    began = asyncio.get_running_loop().time()
+    try:
+        while not (await asyncio.wait({starting}, timeout=STILL_STARTING_EVERY_S))[0]:
+            waited = asyncio.get_running_loop().time() - began
+            pending = [p for pool in pools for p in pool.placement_problems()]
+            why = ("; ".join(pending) if pending else "models still loading, or Ray placing workers: "
+                   "`ray status` shows pending demands")
+            progress(f"still starting workers after {waited:.0f} s ({why})")
+    except BaseException:
+        starting.cancel()
+        await asyncio.wait({starting})      # each pool kills the workers it started
+        if not starting.cancelled():
+            starting.exception()            # read, so asyncio logs no "never retrieved" error
+        raise
+    starting.result()
 
 
 async def _drain(server: grpc.aio.Server, inflight: int, grace_s: float, hurry: asyncio.Event,

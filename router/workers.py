@@ -58,12 +58,19 @@ class WorkerFactory:
             self.num_gpus = 0.0 if pool.device == "cpu" else auto_gpus
         self._serial = {Role.PREFILL: itertools.count(), Role.DECODE: itertools.count()}
 
+    def demand(self, role: Role) -> dict[str, float]:
+        """What Ray must find on one node to place a worker of ``role`` (GPUs and the role's custom resource;
+        CPUs are left out: every node has some)."""
+        need: dict[str, float] = {"GPU": self.num_gpus} if self.num_gpus else {}
+        resource = self.pool.prefill_resource if role is Role.PREFILL else self.pool.decode_resource
+        if resource:
+            need[resource] = 1.0
+        return need
+
     def start(self, role: Role) -> Worker:
         name = f"{self.pool.name}-{role.value}-{next(self._serial[role])}"
-        resource = self.pool.prefill_resource if role is Role.PREFILL else self.pool.decode_resource
-        options: dict = {}
-        if resource:
-            options["resources"] = {resource: 1}
+        custom = {k: v for k, v in self.demand(role).items() if k != "GPU"}
+        options: dict = {"resources": custom} if custom else {}
         start = start_prefill_actor if role is Role.PREFILL else start_decode_actor
         actor = start(worker_config(self.pool, name), num_gpus=self.num_gpus, **options)
         return Worker(name, role, actor, agent=name)
@@ -90,3 +97,19 @@ def kill(worker: Worker) -> None:
         ray.kill(worker.actor, no_restart=True)
     except Exception:  # already gone: nothing to free
         pass
+
+
+_BOOKKEEPING = ("node:", "accelerator_type:", "memory", "object_store_memory")   # Ray's, not a user's
+
+
+def unplaceable(demand: dict[str, float]) -> str | None:
+    """Why no live node of the Ray cluster can place a worker needing ``demand`` now, or None if one can.
+
+    Only a warning: an autoscaler (KubeRay's, say) may still add such a node, so the caller waits on."""
+    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    if any(all(node.get(k, 0.0) >= v for k, v in demand.items()) for node in nodes):
+        return None
+    want = ", ".join(f"{k} {v:g}" for k, v in sorted(demand.items()))
+    have = ["{" + ", ".join(f"{k} {v:g}" for k, v in sorted(node.items()) if not k.startswith(_BOOKKEEPING)) + "}"
+            for node in nodes]
+    return f"needs {want} on one node; the cluster's nodes have {' '.join(have) or 'nothing (none is alive)'}"

@@ -78,7 +78,7 @@ def build_config(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     import logging
 
-    from router.serve import start_router
+    from router.serve import StartCancelled, StartError, start_router
 
     config = build_config(args)
     logging.basicConfig(level=logging.WARNING, format="[kvwire] %(levelname)s %(message)s")
@@ -100,13 +100,16 @@ def run(args: argparse.Namespace) -> int:
 
     handle_signals()
     try:
-        router = start_router(config, ray_address=args.address, progress=progress)
-    except OSError as exc:
-        raise UsageError(f"cannot start the router: {exc}") from exc
+        # ray.init puts its own SIGTERM handler on top (it logs, calls ours, then kills the process about
+        # 3 s later): k8s and `docker stop` send SIGTERM, and the drain must run, so ours go back on top
+        router = start_router(config, ray_address=args.address, progress=progress, cancel=stop,
+                              after_ray=handle_signals)
+    except (OSError, StartError) as exc:
+        raise UsageError(f"cannot start: {exc}") from exc
+    except StartCancelled:
+        _say("[kvwire] stopped before serving")
+        return 130
     running.append(router)
-    # ray.init puts its own SIGTERM handler on top (it logs, calls ours, then kills the process about
-    # 3 s later): k8s and `docker stop` send SIGTERM, and the drain must run, so ours go back on top
-    handle_signals()
     try:
         print(f"[kvwire] serving on {router.target} (gRPC kvwire.v1.Router, health, reflection)", flush=True)
         if router.metrics_port:

@@ -8,6 +8,7 @@ pool per format means the first question of each haystack is really cold.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 from kvwire.validate.backends import Answer, BackendError, RouterBackend
@@ -42,7 +43,7 @@ class RayRouterBackend:
 
     def open_format(self, fmt: str) -> None:
         from router.config import PoolConfig, RouterConfig, ServeConfig
-        from router.serve import start_router
+        from router.serve import StartError, start_router
 
         self.close_format(fmt)
         t = self.template
@@ -51,7 +52,10 @@ class RayRouterBackend:
                           transport=t.transport, device=t.device, num_pages=t.num_pages,
                           prefill_resource=t.prefill_resource, decode_resource=t.decode_resource)
         config = ServeConfig(router=RouterConfig(port=0, metrics_port=0, default_pool=name), pools=(pool,))
-        self._running = start_router(config, ray_address=self.ray_address)
+        try:
+            self._running = start_router(config, ray_address=self.ray_address, progress=_say)
+        except StartError as exc:
+            raise BackendError(str(exc)) from exc
         self._inner = RouterBackend(self._running.target)
         self._inner.open_format(fmt)
 
@@ -77,3 +81,8 @@ class RayRouterBackend:
 
     def close(self) -> None:
         self.close_format("")
+
+
+def _say(message: str) -> None:
+    """Start-up progress (a job's log otherwise shows nothing while workers load, or wait for a node)."""
+    print(f"[kvwire validate] {message}", file=sys.stderr, flush=True)

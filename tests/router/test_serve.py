@@ -54,3 +54,65 @@ def test_a_failed_grpc_bind_is_an_oserror(taken_port):
 
     with pytest.raises(OSError, match=f"cannot listen for gRPC on 127.0.0.1:{taken_port}"):
         asyncio.run(bind())
+
+
+def test_a_model_that_does_not_load_is_refused_before_ray_starts():
+    """A bad model path was found only after Ray's start-up (~10 s), as a traceback."""
+    ray = pytest.importorskip("ray")
+    from router.config import PoolConfig
+    from router.serve import StartError
+
+    ray_was_up = ray.is_initialized()
+    bad = ServeConfig(router=RouterConfig(port=0, metrics_port=0), pools=(PoolConfig("a", model="/nonexistent"),))
+    with pytest.raises(StartError, match="pool a: model '/nonexistent'"):
+        start_router(bad)
+    assert ray.is_initialized() == ray_was_up
+
+
+def _live_actors() -> int:
+    """Actors not dead, from the GCS (ray.util.state needs the dashboard, which tests leave out)."""
+    import ray
+
+    return sum(a["State"] != "DEAD" for a in ray._private.state.actors().values())
+
+
+def test_workers_ray_cannot_place_are_named_and_start_up_stops_on_cancel(ray_cluster):
+    """Workers needing 2 GPUs on a cluster with none kept `kvwire serve` waiting for good, silent and deaf
+    to Ctrl-C; a CUDA device with no GPU ended in dead actors' tracebacks."""
+    import threading
+    import time
+
+    from router.config import PoolConfig
+    from router.serve import StartCancelled, StartError
+
+    dummy = dict(load_format="dummy", model_shape="smollm2-135m", transport="inprocess")
+    with pytest.raises(StartError, match="device cuda, but the Ray cluster has no GPU"):
+        start_router(ServeConfig(router=RouterConfig(port=0, metrics_port=0),
+                                 pools=(PoolConfig("g", device="cuda", **dummy),)))
+    before = _live_actors()
+    messages: list[str] = []
+    cancel = threading.Event()
+    result: dict = {}
+
+    def start() -> None:
+        try:
+            start_router(ServeConfig(router=RouterConfig(port=0, metrics_port=0),
+                                     pools=(PoolConfig("two-gpus", gpus_per_worker=2, device="cpu", **dummy),)),
+                         progress=messages.append, cancel=cancel)
+        except BaseException as exc:   # noqa: BLE001 - the test reads which
+            result["error"] = exc
+
+    thread = threading.Thread(target=start)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not any("warning" in m for m in messages) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    warnings = [m for m in messages if "warning" in m]
+    assert len(warnings) == 2 and all("needs GPU 2 on one node" in m for m in warnings)
+    cancel.set()
+    thread.join(60)
+    assert not thread.is_alive() and isinstance(result.get("error"), StartCancelled)
+    deadline = time.monotonic() + 20
+    while _live_actors() > before and time.monotonic() < deadline:     # killed, not left pending
+        time.sleep(0.2)
+    assert _live_actors() == before

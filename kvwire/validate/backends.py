@@ -123,7 +123,10 @@ class RouterBackend:
     supports_cold = False
     supports_probe = False
 
-    def __init__(self, target: str, timeout_s: float = 1800.0) -> None:
+    def __init__(self, target: str, timeout_s: float = 1800.0, formats: tuple[str, ...] = ()) -> None:
+        """``formats``: every format the sweep will ask for, checked against the router's pools here, so
+        that a missing pool fails before any cell runs (not after the bf16 cells, whose prompts would then
+        sit in the router's prefix cache and make a rerun's first asks warm)."""
         from router.client import RouterClient
 
         self.target = target
@@ -132,6 +135,7 @@ class RouterBackend:
         self._pools: dict[str, tuple[str, float]] = {}
         try:
             self.refresh()
+            self.check_formats(formats)
         except BaseException:
             self.client.close()
             raise
@@ -155,10 +159,16 @@ class RouterBackend:
 
             self._pools.setdefault(KVFormat.parse(p.kv_format).name, (p.name, float(p.bytes_per_token)))
 
+    def check_formats(self, formats: tuple[str, ...]) -> None:
+        """Refuse, naming them all, the formats no pool of the router serves."""
+        missing = [f for f in formats if f not in self._pools]
+        if missing:
+            raise BackendError(f"the router at {self.target} has no pool for {', '.join(missing)} (it serves "
+                               f"{', '.join(sorted(self._pools)) or 'none'}); add pools to its config or "
+                               "drop those --formats")
+
     def open_format(self, fmt: str) -> None:
-        if fmt not in self._pools:
-            raise BackendError(f"the router at {self.target} has no pool for {fmt} (it serves "
-                               f"{', '.join(sorted(self._pools)) or 'none'}); add one to its config")
+        self.check_formats((fmt,))
 
     def close_format(self, fmt: str) -> None:
         pass

@@ -108,6 +108,18 @@ class SweepConfig:
             raise ConfigError(f"the model's context ({max_context}) is too short to validate")
         return dataclasses.replace(self, lengths=tuple(sorted({min(n, limit) for n in self.lengths})))
 
+    def check_min_length(self, minimum: int) -> None:
+        """Refuse lengths below ``minimum`` (prompts.min_haystack_tokens: it needs the tokenizer, so the
+        caller computes it) before any prompt runs, rather than failing in the haystack after the passkey
+        prompts of that length have run."""
+        short = [n for n in self.lengths if n < minimum]
+        if short:
+            q = self.questions
+            fewer = "; or ask fewer --questions" if q > 1 else ""
+            lengths = f"lengths {', '.join(map(str, short))} are" if len(short) > 1 else f"length {short[0]} is"
+            raise ConfigError(f"context {lengths} too short for a haystack with {q} "
+                              f"question{'s' if q > 1 else ''}: the smallest that works is {minimum} tokens{fewer}")
+
     def task_settings(self) -> dict:
         """Everything that changes a cell's result (not formats/lengths: cells are keyed by those).
 

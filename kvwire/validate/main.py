@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 from kvwire.validate.config import ConfigError, SweepConfig, backend_kind
+from kvwire.validate.loading import load_config, load_model, load_tokenizer
 from kvwire.validate.plots import fidelity_plot, recall_plot
 from kvwire.validate.recommend import headline, recommend
 from kvwire.validate.report import baseline_passkey, write_report
@@ -91,7 +92,7 @@ def _backend(args: argparse.Namespace, config: SweepConfig, model, tokenizer, mo
         return InProcessBackend(model, tokenizer, config.page_size, config.chunk_size)
     if args.backend == "router":
         from kvwire.validate.backends import RouterBackend
-        return RouterBackend(args.target)
+        return RouterBackend(args.target, formats=config.formats)
     from kvwire.formats import KVFormat, PageFormat
     from kvwire.validate.ray_backend import PoolTemplate, RayRouterBackend
 
@@ -134,8 +135,15 @@ def command_line(argv: list[str]) -> str:
 
 
 def _report_only(args: argparse.Namespace, out: Path) -> int:
+    """An error, not a report, for a results file without cells (a sweep stopped before its first cell
+    finished): a report would only say that nothing qualifies, which reads like a measured verdict, and
+    exit 2 tells a script that redraws fetched results that there was nothing to redraw."""
     _check_report_only_flags(args)
-    print(headline(finish(out)[0]))
+    data = load_results(out / "results.json")
+    if not data["cells"]:
+        raise ConfigError(f"{out / 'results.json'} has no finished cells, so there is nothing to report; "
+                          "run the sweep (without --report-only) first")
+    print(headline(finish(out, data)[0]))
     print(f"report: {out / 'report.md'}")
     if args.print_report:
         print("\n" + (out / "report.md").read_text())
@@ -154,22 +162,15 @@ def _check_run_flags(args: argparse.Namespace) -> None:
         raise ConfigError("--jobs splits in-process sweeps; a router backend spreads work over its pools")
 
 
-def _start_backend(args: argparse.Namespace, config: SweepConfig, model_config):
-    """(backend, tokenizer, description); no backend with --jobs > 1 (each worker process makes its own)."""
+def _start_backend(args: argparse.Namespace, config: SweepConfig, model_config, tokenizer):
+    """(backend, description); no backend with --jobs > 1 (each worker process makes its own)."""
     from kvwire.commands.model_args import resolve_device
-    from kvwire.model.registry import load_model, load_tokenizer
 
     if args.jobs > 1:
-        return None, None, f"in-process engine ({resolve_device(args.device)}), {args.jobs} worker processes"
-    model = None
-    if args.backend == "inprocess":
-        model, tokenizer = load_model(args.model, device=resolve_device(args.device))
-    else:
-        tokenizer = load_tokenizer(args.model)
-    if tokenizer is None:
-        raise ConfigError(f"model {args.model} has no tokenizer; validation needs text")
+        return None, f"in-process engine ({resolve_device(args.device)}), {args.jobs} worker processes"
+    model = load_model(args)[0] if args.backend == "inprocess" else None
     backend = _backend(args, config, model, tokenizer, model_config)
-    return backend, tokenizer, backend.description
+    return backend, backend.description
 
 
 def _meta(model_config, description: str) -> dict:
@@ -193,19 +194,21 @@ def _print_outputs(args: argparse.Namespace, out: Path, data: dict, rec: dict, p
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    from kvwire.model.registry import load_model_config
+    from kvwire.validate.prompts import min_haystack_tokens
     from kvwire.validate.sweep import run_sweep
 
     out = Path(args.out)
     if args.report_only:
         return _report_only(args, out)
-    model_config = load_model_config(args.model)
+    model_config = load_config(args)
     config = sweep_config(args, model_config.max_context)     # bad flags fail before the model loads
+    tokenizer = load_tokenizer(args)
+    config.check_min_length(min_haystack_tokens(tokenizer, config.questions))
     _check_run_flags(args)
     make_out_dir(out)
     # a results file that cannot be resumed fails here, before a model or router is asked
     resumed = None if args.fresh else check_resumable(out / "results.json", config)
-    backend, tokenizer, description = _start_backend(args, config, model_config)
+    backend, description = _start_backend(args, config, model_config, tokenizer)
     store = ResultStore.start(out / "results.json", config, _meta(model_config, description), resumed)
     if backend is None:
         from kvwire.validate.parallel import run_parallel

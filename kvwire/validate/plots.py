@@ -38,10 +38,19 @@ def _series(data: dict, fmt: str, value) -> tuple[list[int], list[float]]:
     return xs, ys
 
 
+def accuracy_limits(formats: int, dodge: float) -> tuple[float, float]:
+    """Fixed y-limits for accuracy panels: 0-100% plus room for the dodged lines and a 2-point margin.
+    Matplotlib's own limits zoom in on the data, so formats tied at 100% but dodged by 0.4 points
+    filled the panel (97.8-102.2%) and looked like a spread of results."""
+    pad = 2.0 + dodge * formats / 2
+    return -pad, 100.0 + pad
+
+
 def _panels(data: dict, path: Path, title: str, panels: list[tuple[str, object, bool]],
-            dodge: float = 0.0) -> Path | None:
+            dodge: float = 0.0, ylim: tuple[float, float] | None = None) -> Path | None:
     """``dodge``: points each format's line is shifted by (bf16 never), so that formats with
-    equal scores, common with a few prompts per cell, stay visible side by side."""
+    equal scores, common with a few prompts per cell, stay visible side by side. ``ylim``: fixed
+    limits for the linear panels (None: matplotlib's)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -64,6 +73,8 @@ def _panels(data: dict, path: Path, title: str, panels: list[tuple[str, object, 
         if log:
             ax.set_yscale("symlog", linthresh=1e-4)
             ax.set_ylim(bottom=0)
+        elif ylim is not None:
+            ax.set_ylim(*ylim)
         ax.set_title(label, fontsize=10)
         ax.set_xlabel("context length (tokens)")
         ax.grid(alpha=0.3)
@@ -91,8 +102,10 @@ def recall_plot(data: dict, path: Path) -> Path | None:
              Task.PREFIX: "prefix cache: warm answer == cold answer, %"}
     panels = [(names[t], acc(t.value), False) for t in Task]
     model = data.get("meta", {}).get("model", "")
+    dodge = 0.4
     return _panels(data, path, f"kvwire validate: recall vs context length ({model}); "
-                               "lines offset by 0.4 points per format so ties stay visible", panels, dodge=0.4)
+                               f"lines offset by {dodge:g} points per format so ties stay visible", panels,
+                   dodge=dodge, ylim=accuracy_limits(len(data["sweep"]["formats"]), dodge))
 
 
 def fidelity_plot(data: dict, path: Path) -> Path | None:

@@ -87,25 +87,61 @@ def _near_duplicate(key: tuple[str, str], used: set[tuple[str, str]], rng: rando
     return rng.choice(options)
 
 
+# The seeded first line at its size (8 digits): its tokens count against the haystack's length.
+HEAD_SAMPLE = "Archive 12345678. "
+# The record and filler the size estimate assumes; real ones differ by a few tokens.
+SAMPLE = Fact("Alice Smith", "48213", "512")
+
+
+def _document(f: Fact, fillers: tuple[str, ...]) -> str:
+    return f"{record(f)} {' '.join(fillers)}\n"
+
+
+def _sizes(tokenizer, facts: list[Fact], fillers: tuple[str, ...]) -> tuple[int, int]:
+    """(tokens per document, tokens outside the documents), the longest over ``facts``: one sample for
+    make_haystack's first estimate, every possible key for the guaranteed minimum."""
+    per_record = max(len(tokenizer.encode(_document(f, fillers))) for f in facts)
+    room = len(tokenizer.encode(HEAD_SAMPLE + INTRO)) + max(len(tokenizer.encode(citation_question(f).suffix))
+                                                          for f in facts)
+    return per_record, room
+
+
+def fewest_records(questions: int) -> int:
+    """Each asked fact, its near-duplicate distractor, and one more so the asked ones are not the edges."""
+    return 2 * questions + 1
+
+
+def min_haystack_tokens(tokenizer, questions: int) -> int:
+    """The smallest ``target_tokens`` make_haystack fills for every seed: its fewest records, each as long
+    as a record can be (longest key, longest filler sentences), plus the longest question and the blank
+    line before it. Checked before a sweep starts, so a short --lengths fails before any prompt runs."""
+    fillers = tuple(sorted(FILLER, key=lambda s: len(tokenizer.encode(s)))[-FILLER_PER_DOC:])
+    # Codes and document ids have fixed digit counts; SmolLM2 spends one token per digit.
+    facts = [Fact(f"{a} {b}", "12345", "123") for a in FIRST for b in LAST]
+    per_record, room = _sizes(tokenizer, facts, fillers)
+    return room + fewest_records(questions) * per_record + 1
+
+
 def make_haystack(tokenizer, target_tokens: int, questions: int, seed: str) -> Haystack:
     """A context of at most ``target_tokens`` (longest question included) with ``questions``
     asked-for facts spread evenly through it, each with one near-duplicate distractor at a
     random place."""
     if questions < 1:
         raise ValueError("a haystack needs at least one question")
-    sample = Fact("Alice Smith", "48213", "512")
-    per_record = len(tokenizer.encode(f"{record(sample)} {' '.join(FILLER[:FILLER_PER_DOC])}\n"))
-    room = len(tokenizer.encode("Archive 12345678. " + INTRO)) + len(tokenizer.encode(citation_question(sample).suffix))
+    per_record, room = _sizes(tokenizer, [SAMPLE], FILLER[:FILLER_PER_DOC])
+    fewest = fewest_records(questions)
     n = int((target_tokens - room) / per_record)
-    while True:
-        if n < 2 * questions + 1:
-            raise ValueError(f"{target_tokens} tokens hold only {n} records; need {2 * questions + 1} for "
-                             f"{questions} questions and their distractors")
+    while n >= fewest:
         hay = _build(n, questions, seed)
         longest = max(len(tokenizer.encode(hay.context + q.suffix)) for q in hay.questions)
         if longest <= target_tokens:
             return hay
-        n -= 1 + int((longest - target_tokens) / per_record)
+        if n == fewest:
+            break
+        # Never skip past the fewest records: they fit whenever min_haystack_tokens does.
+        n = max(fewest, n - 1 - int((longest - target_tokens) / per_record))
+    raise ValueError(f"{target_tokens} tokens hold fewer than {fewest} records, needed for {questions} "
+                     f"questions and their distractors; give at least {min_haystack_tokens(tokenizer, questions)}")
 
 
 def _build(n: int, questions: int, seed: str) -> Haystack:

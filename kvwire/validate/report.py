@@ -5,10 +5,16 @@ is always what the file holds.
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from kvwire.validate.config import BASELINE, Task, cell_key
 from kvwire.validate.recommend import headline
+
+
+def _bytes(bpt: float | None) -> str:
+    """A format never opened has no size in the results (recommend gives it NaN): "?", as in the tables."""
+    return "?" if bpt is None or math.isnan(bpt) else f"{bpt:,.0f}"
 
 
 def _row(cells: list[str]) -> str:
@@ -20,7 +26,7 @@ def _table(data: dict, header: str, value) -> list[str]:
     out = [_row([header, "B/token"] + [f"{n}" for n in lengths]), _row(["---"] * (len(lengths) + 2))]
     for fmt in data["sweep"]["formats"]:
         bpt = data["formats"].get(fmt, {}).get("bytes_per_token")
-        row = [f"`{fmt}`", f"{bpt:,.0f}" if bpt else "?"]
+        row = [f"`{fmt}`", _bytes(bpt)]
         for n in lengths:
             cell = data["cells"].get(cell_key(fmt, n))
             row.append(value(cell) if cell else "-")
@@ -83,7 +89,7 @@ def render(data: dict, rec: dict, images: dict[str, str | None]) -> str:
         _row(["format", "B/token", "qualifies", "worst margin vs bf16", "why not"]), _row(["---"] * 5)]
     for v in rec["verdicts"]:
         margin = "-" if v["worst_margin_points"] is None else f"{v['worst_margin_points']:+.0f} pts"
-        lines.append(_row([f"`{v['format']}`", f"{v['bytes_per_token']:,.0f}", "yes" if v["qualifies"] else "no",
+        lines.append(_row([f"`{v['format']}`", _bytes(v["bytes_per_token"]), "yes" if v["qualifies"] else "no",
                            margin, "; ".join(v["reasons"][:3]) + (" ..." if len(v["reasons"]) > 3 else "")]))
     lines += [""]
     if images.get("recall"):

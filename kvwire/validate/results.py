@@ -14,6 +14,8 @@ from kvwire.validate.config import ConfigError, SweepConfig, cell_key
 
 SCHEMA = 1
 START_OVER = "pass --fresh to start over or choose another --out"
+# What ResultStore.start writes before the first cell, so every file the sweep saved has them.
+REQUIRED = ("settings", "sweep", "formats", "cells")
 
 
 class ResultStore:
@@ -82,4 +84,7 @@ def load_results(path: Path) -> dict:
         raise ConfigError(f"{path} is unreadable (not JSON: {exc}); {START_OVER}") from exc
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise ConfigError(f"{path} is not a kvwire validate results file of schema {SCHEMA}; {START_OVER}")
+    missing = [k for k in REQUIRED if not isinstance(data.get(k), dict)]
+    if missing:   # a hand-made or truncated file: the report would fail on the first missing key
+        raise ConfigError(f"{path} lacks {', '.join(missing)}, which every results file has; {START_OVER}")
     return data

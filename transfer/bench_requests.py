@@ -98,26 +98,30 @@ def copy_gbytes_per_s(nbytes: int, device: str, reps: int = 3) -> float:
     import time
     src = torch.full((nbytes,), 0x33, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
+    cuda = torch.device(device).type == "cuda"
     times = []
     for rep in range(reps + 1):
-        if device != "cpu":
-            torch.cuda.synchronize()
+        if cuda:
+            torch.cuda.synchronize(device)
         start = time.perf_counter()
         dst.copy_(src)
-        if device != "cpu":
-            torch.cuda.synchronize()
+        if cuda:
+            torch.cuda.synchronize(device)
         if rep:
             times.append(time.perf_counter() - start)
     return nbytes / statistics.median(times) / 1e9
 
 
 def _device(name: str) -> str:
-    """Pools are registered with NIXL as DRAM or VRAM, so only the CPU and CUDA devices can hold them."""
+    """Pools are registered with NIXL as DRAM or VRAM, so only the CPU and CUDA devices can hold them.
+    The CPU is one DRAM whatever index torch was given (``cpu:1``), so it is reported as ``cpu``."""
     from kvwire.commands.model_args import resolve_device
     from kvwire.errors import UsageError
 
     device = resolve_device(name)
-    if device.type not in ("cpu", "cuda"):
+    if device.type == "cpu":
+        return "cpu"
+    if device.type != "cuda":
         raise UsageError(f"--device {name}: pools live in DRAM (cpu) or VRAM (cuda); use auto, cpu or cuda")
     return str(device)
 

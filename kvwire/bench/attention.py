@@ -55,8 +55,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backends", default="auto",
                         help="comma-separated decode backends to time per format: auto (what the engine "
                              "runs), cuda (the NVRTC kernel, where it applies), triton")
-    if "--out" not in parser._option_string_actions:
-        parser.add_argument("--out", default=None, help="write the result JSON here")
 
 
 # ---- problem construction ------------------------------------------------------------------------

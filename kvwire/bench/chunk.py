@@ -48,8 +48,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--splits", type=int, default=None,
                         help="split count of the split run (default: what the engine picks)")
-    if "--out" not in parser._option_string_actions:
-        parser.add_argument("--out", default=None, help="write the result JSON here")
 
 
 def _tokens(s: str) -> int:

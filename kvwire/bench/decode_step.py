@@ -31,8 +31,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context", type=int, default=2048, help="tokens per sequence, about (default 2048)")
     parser.add_argument("--steps", type=int, default=20, help="timed steps per path (default 20)")
     parser.add_argument("--device", default="auto", help="auto (cuda if visible), cuda or cpu")
-    if "--out" not in parser._option_string_actions:
-        parser.add_argument("--out", default=None, help="write the result JSON here")
 
 
 def _step_times(engine, seqs: list, steps: int) -> list[float]:
@@ -53,6 +51,7 @@ def run(args) -> dict:
     from kvwire.decode_graphs import DecodeGraphs
     from kvwire.engine import Engine, EngineConfig
     from kvwire.errors import UsageError
+    from kvwire.formats import KVFormat
     from kvwire.kv_cache import SequenceKV
     from kvwire.model.config import SHAPES
     from kvwire.model.registry import load_model
@@ -62,10 +61,16 @@ def run(args) -> dict:
     device = resolve_device(args.device)
     if args.batch < 1 or args.steps < 1:
         raise UsageError("--batch and --steps must be at least 1")
+    max_context = SHAPES[args.model_shape].max_context     # positions past it have no RoPE entry
+    if args.context > max_context:
+        raise UsageError(f"--context {args.context} is longer than {args.model_shape}'s maximum context "
+                         f"({max_context} tokens)")
     warmup = 3
     start = args.context - args.batch - warmup - args.steps
     if start < 1:
         raise UsageError(f"--context {args.context} is too short for --batch {args.batch} and --steps {args.steps}")
+    for fmt in args.formats.split(","):     # all checked before the model loads and the first format runs
+        KVFormat.parse(fmt)
     model, _ = load_model(load_format="dummy", model_shape=args.model_shape, device=device)
     paths = ["eager"] + (["graphs"] if device.type == "cuda" else [])
     rows = []

@@ -11,7 +11,6 @@ check on (it adds a device sync and the host launch cost).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
@@ -30,10 +29,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-kv-heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--page-size", type=int, default=16)
-    if "--shapes" not in parser._option_string_actions:
-        parser.add_argument("--shapes", default=None, help="ignored (token count: --tokens)")
-    if "--out" not in parser._option_string_actions:
-        parser.add_argument("--out", default=None, help="write the result JSON here")
 
 
 def run(args) -> dict:
@@ -99,9 +94,6 @@ def run(args) -> dict:
               "triton": __import__("triton").__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
               "shape": {"num_kv_heads": h, "head_dim": d, "page_size": p, "input": "bf16, one layer's K"},
               "copy_bandwidth": copy, "rows": rows, "targets": judge("quantize", rows)}
-    if getattr(args, "out", None):
-        with open(args.out, "w") as fh:
-            json.dump(result, fh, indent=1)
     return result
 
 

@@ -4,7 +4,10 @@
 until ``--requests`` per format are done. Prompts are seeded random token ids of exactly
 ``--prompt-tokens`` (distinct per request, so the prefix cache does not flatter TTFT) and
 every request generates ``--output-tokens`` (EOS ignored). Against ``--router HOST:PORT``, or,
-without it, a router this command starts on the local Ray cluster with one pool per format.
+without it, a router this command starts with one pool per format, on a local Ray cluster of its
+own or, with ``--address``, on an existing one (as `kvwire serve --address`; under `ray job
+submit`, ``--address auto`` is the job's cluster). The exit status is 1 when a format had no
+successful request (the JSON is written first).
 """
 from __future__ import annotations
 
@@ -16,8 +19,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 
+# Flags that describe the pools this command starts: meaningless against a running --router.
+POOL_FLAGS = ("model", "load_format", "model_shape", "device", "num_pages", "address")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--router", metavar="HOST:PORT", help="a running `kvwire serve` (default: start one here)")
+    parser.add_argument("--address", metavar="RAY_ADDRESS",
+                        help="start the router's pools on this Ray cluster (e.g. head-svc:6379, or 'auto' "
+                             "for the cluster of a `ray job submit` job) instead of a local Ray of its own")
     parser.add_argument("--kv-formats", help="comma-separated formats (default: with --router, every format it "
                         "serves; without, bf16,nvfp4)")
     parser.add_argument("--concurrency", type=int, default=8, help="clients in the closed loop (default 8)")
@@ -27,7 +37,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed for the prompts (default 0)")
     parser.add_argument("--num-pages", type=int, default=None, help="KV pages per worker when starting the router")
     from kvwire.commands.model_args import add_model_arguments
-    add_model_arguments(parser)   # the model of the pools this command starts (ignored with --router)
+    add_model_arguments(parser)   # the model of the pools this command starts
+    # None: not given, so the pools take PoolConfig's defaults (those the help names) and --router
+    # can tell the flags were not passed.
+    parser.set_defaults(model=None, load_format=None, model_shape=None, device=None)
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -118,7 +131,14 @@ def run(args: argparse.Namespace) -> dict:
 
     asked = args.kv_formats if args.kv_formats is not None else ("" if args.router else "bf16,nvfp4")
     formats = [KVFormat.parse(f.strip()).name for f in asked.split(",") if f.strip()]
+    twice = sorted({f for f in formats if formats.count(f) > 1})
+    if twice:
+        raise UsageError(f"--kv-formats names {', '.join(twice)} more than once")
     if args.router:
+        given = [f"--{k.replace('_', '-')}" for k in POOL_FLAGS if getattr(args, k) is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)} describe the pools this command starts; with --router, "
+                             f"the pools of that router are measured as they are")
         served = _served_formats(args.router)
         formats = formats or served
         missing = [f for f in formats if f not in served]
@@ -132,14 +152,19 @@ def run(args: argparse.Namespace) -> dict:
     router = None
     target = args.router
     if target is None:
-        from router.config import PoolConfig, RouterConfig, ServeConfig
+        from router.config import ConfigError, PoolConfig, RouterConfig, ServeConfig
         from router.serve import start_router
 
-        pools = tuple(PoolConfig(f"bench-{f.replace('/', '-')}", kv_format=f, device=args.device, model=args.model,
-                                 load_format=args.load_format, model_shape=args.model_shape,
-                                 num_pages=args.num_pages, max_batch=max(args.concurrency, 1)) for f in formats)
-        router = start_router(ServeConfig(RouterConfig(port=0, metrics_port=0, max_inflight=args.concurrency,
-                                                       max_queue=args.concurrency), pools),
+        model = {k: getattr(args, k) for k in ("model", "load_format", "model_shape", "device")
+                 if getattr(args, k) is not None}
+        try:       # e.g. --num-pages 0: one line, as `kvwire serve` says it, before Ray starts
+            pools = tuple(PoolConfig(f"bench-{f.replace('/', '-')}", kv_format=f, num_pages=args.num_pages,
+                                     max_batch=max(args.concurrency, 1), **model) for f in formats)
+            config = ServeConfig(RouterConfig(port=0, metrics_port=0, max_inflight=args.concurrency,
+                                              max_queue=args.concurrency), pools)
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from exc
+        router = start_router(config, ray_address=args.address,
                               progress=lambda m: print(f"[bench serve] {m}", flush=True))
         target = router.target
     try:
@@ -153,6 +178,12 @@ def run(args: argparse.Namespace) -> dict:
     return {"bench": "serve", "router": args.router or "started here", "concurrency": args.concurrency,
             "requests": args.requests, "prompt_tokens": args.prompt_tokens, "output_tokens": args.output_tokens,
             "date": time.strftime("%Y-%m-%d"), "results": results}
+
+
+def failures(result: dict) -> list[str]:
+    """A format none of whose requests succeeded measured nothing: its row of NaNs is not a result."""
+    return [f"no request of {result['requests']} succeeded for {r['kv_format']}; the table lists the errors"
+            for r in result["results"] if r["requests_ok"] == 0]
 
 
 def format_table(result: dict) -> str:

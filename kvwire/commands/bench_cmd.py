@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 BENCHES = {
     "attention": "kvwire.bench.attention",
@@ -20,16 +19,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                    "measured in one run against the baseline each benchmark names.")
     bsub = p.add_subparsers(dest="bench", metavar="BENCH", required=True)
     import importlib
+
+    from kvwire.bench.out import add_out_argument
     for name, module in BENCHES.items():
         mod = importlib.import_module(module)
         bp = bsub.add_parser(name, help=(mod.__doc__ or name).strip().splitlines()[0],
                              description=mod.__doc__)
-        bp.add_argument("--out", type=Path, default=None, help="write the JSON result here")
+        add_out_argument(bp)
         mod.add_arguments(bp)
         bp.set_defaults(run=lambda args, mod=mod: _run(mod, args))
 
 
 def _run(mod, args: argparse.Namespace) -> int:
-    from kvwire.bench import report
-    report(mod, args)
-    return 0
+    from kvwire.bench import run_and_judge
+    return run_and_judge(mod, args, f"kvwire bench {args.bench}")

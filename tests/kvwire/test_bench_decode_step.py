@@ -39,3 +39,25 @@ def test_unknown_model_shape_is_one_line_exit_2(capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("kvwire bench: error: unknown --model-shape 'nope'") and "smollm2-135m" in err, err
     assert len(err.splitlines()) == 1, err
+
+
+def test_context_past_the_models_maximum_is_refused_before_it_loads(capsys, monkeypatch):
+    """It used to prefill for about 50 s, then fail in RoPE (IndexError: index 8448 is out of bounds)."""
+    import kvwire.model.registry
+
+    def no_load(*args, **kw):
+        raise AssertionError("the model loaded before --context was checked")
+
+    monkeypatch.setattr(kvwire.model.registry, "load_model", no_load)
+    assert main(["bench", "decode-step", "--device", "cpu", "--batch", "2", "--context", "9000", "--steps", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "kvwire bench: error: --context 9000 is longer than smollm2-135m's maximum context (8192 tokens)"
+
+
+def test_unknown_format_is_refused_before_the_model_loads(capsys, monkeypatch):
+    import kvwire.model.registry
+
+    monkeypatch.setattr(kvwire.model.registry, "load_model", lambda *a, **kw: pytest.fail("loaded the model"))
+    assert main(["bench", "decode-step", "--device", "cpu", "--formats", "bf16,fp4", "--context", "48",
+                 "--batch", "2", "--steps", "2"]) == 2
+    assert "unknown KV format 'fp4'" in capsys.readouterr().err

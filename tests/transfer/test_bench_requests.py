@@ -45,3 +45,19 @@ def test_bad_arguments_are_one_line_exit_2(capsys, args, words):
     assert len(lines) == 1 and lines[0].startswith("kvwire bench: error: "), captured.err
     assert all(w in lines[0] for w in words), lines[0]
     assert "[bench transfer]" not in captured.out, "refused before the first format ran"
+
+
+def test_an_indexed_cpu_device_is_the_cpu(tmp_path, capsys):
+    """`--device cpu:1` used to pass as CUDA to the copy baseline: an AssertionError traceback."""
+    pytest.importorskip("nixl")
+    import json
+    out = tmp_path / "t.json"
+    assert main(["bench", "transfer", "--device", "cpu:1", "--prompts", "100", "--shape", "smollm2-135m",
+                 "--formats", "bf16", "--reps", "1", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["device"] == "cpu" and result["copy_gb_s"] > 0
+
+
+def test_the_copy_baseline_takes_any_cpu_device_name():
+    from transfer.bench_requests import copy_gbytes_per_s
+    assert copy_gbytes_per_s(1 << 16, "cpu:1", reps=1) > 0

@@ -37,7 +37,9 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         KVFormat.parse(self.kv_format)
-        if self.page_size < 1 or self.chunk_size < self.page_size or self.chunk_size % self.page_size:
+        if self.page_size < 1:
+            raise ValueError(f"page_size must be at least 1 token, got {self.page_size}")
+        if self.chunk_size < self.page_size or self.chunk_size % self.page_size:
             raise ValueError(f"chunk_size ({self.chunk_size}) must be a positive multiple of page_size ({self.page_size})")
 
 

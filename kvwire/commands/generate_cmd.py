@@ -44,7 +44,11 @@ def _prompts(args: argparse.Namespace) -> list[str]:
     if args.prompts_file is not None:
         if args.prompt is not None:
             raise UsageError("give a prompt or --prompts-file, not both")
-        lines = [ln for ln in args.prompts_file.read_text().splitlines() if ln.strip()]
+        try:
+            lines = [ln for ln in args.prompts_file.read_text().splitlines() if ln.strip()]
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"--prompts-file {args.prompts_file}: cannot read it as text "
+                             f"({getattr(exc, 'strerror', None) or exc})") from exc
         if not lines:
             raise UsageError(f"{args.prompts_file} has no prompts")
         return lines

@@ -207,3 +207,13 @@ def test_a_cuda_device_number_past_the_machine_is_a_usage_error(monkeypatch):
     assert resolve_device("cuda") == torch.device("cuda")
     with pytest.raises(UsageError, match=r"--device cuda:5: this machine has 1 CUDA device"):
         resolve_device("cuda:5")
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--prompts-file", "{tmp}"), ("--prompts-file", "cannot read it as text")),   # a directory: was a traceback
+    (("--page-size", "0", "hi"), ("page_size must be at least 1",)),                # named chunk_size instead
+])
+def test_generate_argument_mistakes_are_one_line(tmp_path, args, words):
+    r = kvwire("generate", "--load-format", "dummy", "--model-shape", "smollm2-135m",
+               *(a.format(tmp=tmp_path) for a in args))
+    assert_one_line_error(r, *words)

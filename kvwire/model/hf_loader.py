@@ -45,6 +45,9 @@ def _token_ids(value: Any) -> tuple[int, ...]:
     return tuple(int(x) for x in value) if isinstance(value, list) else (int(value),)
 
 
+_REQUIRED_KEYS = ("num_attention_heads", "hidden_size", "vocab_size", "intermediate_size", "num_hidden_layers")
+
+
 def config_from_hf(raw: dict[str, Any], name: str = "hf-llama") -> ModelConfig:
     """Translate a ``config.json`` dict; refuses features this model does not implement."""
     archs = set(raw.get("architectures") or ["LlamaForCausalLM"])
@@ -56,6 +59,9 @@ def config_from_hf(raw: dict[str, Any], name: str = "hf-llama") -> ModelConfig:
         raise ValueError(f"unsupported hidden_act {raw['hidden_act']!r}")
     if raw.get("sliding_window"):
         raise ValueError("sliding-window attention is not supported")
+    missing = [k for k in _REQUIRED_KEYS if k not in raw]
+    if missing:
+        raise ValueError(f"config.json lacks {', '.join(missing)}: not a complete Llama-family config")
     heads = int(raw["num_attention_heads"])
     theta, scaling = _rope(raw)
     head_dim = raw.get("head_dim") or raw["hidden_size"] // heads

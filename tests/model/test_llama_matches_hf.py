@@ -146,6 +146,9 @@ def test_legacy_rope_config_keys() -> None:
     assert legacy == modern and legacy.rope_theta == 5e5 and legacy.eos_token_ids == (2,)
     with pytest.raises(ValueError, match="rope type"):
         config_from_hf({**base, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+    # an incomplete config.json said only "num_attention_heads" (a KeyError's text)
+    with pytest.raises(ValueError, match="lacks num_attention_heads, hidden_size, vocab_size"):
+        config_from_hf({})
 
 
 def test_hf_dir_tokenizer_json_is_loaded(tmp_path: Path) -> None:

@@ -30,7 +30,7 @@ from kvwire.worker_config import WorkerConfig
 from transfer.base import PeerError, TransferError
 from transfer.endpoint import WorkerEndpoint
 from transfer.handle import TransferState, TransferStats
-from transfer.manifest import ManifestError, decode_manifest, done_notice
+from transfer.manifest import Manifest, ManifestError, decode_manifest, done_notice
 
 
 FINISHED_KEPT = 4096   # finished requests whose final message is kept until read, at most
@@ -113,7 +113,7 @@ class DecodeWorker(WorkerEndpoint):
         max_pages = self._max_pages(m.num_tokens, len(m.page_ids), params)
         return {"request_id": m.request_id, "pages": self._reserve(m, params, max_pages, timeout_s)}
 
-    def _check_payload(self, m) -> None:
+    def _check_payload(self, m: Manifest) -> None:
         """What the format contract cannot check: a first token this model has, and a finite tail.
         Either would otherwise fail the first decode step of every request batched with this one."""
         vocab = self.engine.model.config.vocab_size

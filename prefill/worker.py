@@ -3,8 +3,10 @@
 A request's pages stay held after ``prefill`` returns, until the decode side's notice says it
 has them (``transfer.manifest.done_notice``, delivered by the transport after the last byte landed), an
 explicit ``release``, or expiry: ``hold_timeout_s``, or the caller's ``wait_s`` if longer (a decode worker
-that died never answers), but never once ``claim``ed: a transfer reads them (our push, or a decode
-worker's pull, which the caller claims first: expired pages may already hold another request's K/V).
+that died never answers). A transfer reading them extends that: our push until it ends (it frees them
+itself), a decode worker's pull, which the caller ``claim``s first (expired pages may already hold
+another request's K/V), for the transfer deadline plus ``CLAIM_GRACE_S`` (a caller that died after
+claiming must not hold them for good).
 
 A prompt waits (up to ``wait_s``, in arrival order) while the pool is short of pages that held
 requests will free; one that needs more pages than the pool has is refused at once
@@ -14,6 +16,7 @@ probes the router sends meanwhile (``counters``, ``cached_prefix_pages``) read w
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -25,16 +28,16 @@ from kvwire.worker_config import WorkerConfig
 from transfer.base import TransferError
 from transfer.endpoint import WorkerEndpoint
 from transfer.handle import TransferState
-from transfer.manifest import Manifest, parse_done_notice
+from transfer.manifest import Manifest, is_done_notice, parse_done_notice
 
 log = logging.getLogger(__name__)
+CLAIM_GRACE_S = 60.0      # a claimed pull's hold lasts the transfer deadline plus this
 
 
 @dataclass
 class _Held:
     seq: SequenceKV
-    expires: float            # monotonic time after which nobody is coming for it (``_expire``)
-    claimed: bool = False     # a transfer reads the pages (``claim``): they must not expire under it
+    expires: float            # monotonic time after which nobody is coming for it (``_expire``); inf: a push reads it
 
 
 class PrefillWorker(WorkerEndpoint):
@@ -115,7 +118,7 @@ class PrefillWorker(WorkerEndpoint):
         fails the request, and the caller cancels the peer's reservation, quarantining its pages when
         the TransferError says the aborted WRITE may still land there (``quiesced`` False).
         """
-        held = self._claim(request_id)
+        held = self._claim(request_id, math.inf)     # the finally below frees it, whatever happens
         if held is None:
             raise KeyError(f"request {request_id!r} is not held by {self.cfg.name} (expired or released)")
         deadline = self.cfg.transfer_deadline_s if deadline_s is None else deadline_s
@@ -134,16 +137,17 @@ class PrefillWorker(WorkerEndpoint):
                 "descriptors": st.num_descriptors, "seconds": st.seconds}
 
     def claim(self, request_id: str) -> bool:
-        """A transfer is about to read a held request's pages: from now on they do not expire (only a
-        notice or ``release`` frees them). False if they are no longer held, expired or released: a
-        pull must not start then, since the pages may already hold another request's K/V."""
-        return self._claim(request_id) is not None
+        """A pull is about to read a held request's pages: they stay held for the transfer deadline plus
+        CLAIM_GRACE_S (the notice or ``release`` frees them sooner). False if they are no longer held,
+        expired or released: the pull must not start then, since the pages may hold another request's K/V."""
+        until = time.monotonic() + self.cfg.transfer_deadline_s + CLAIM_GRACE_S
+        return self._claim(request_id, until) is not None
 
-    def _claim(self, request_id: str) -> _Held | None:
+    def _claim(self, request_id: str, until: float) -> _Held | None:
         with self._lock:
             held = self._held.get(request_id)
             if held is not None:
-                held.claimed = True
+                held.expires = max(held.expires, until)
         return held
 
     def release(self, request_id: str) -> bool:
@@ -180,11 +184,7 @@ class PrefillWorker(WorkerEndpoint):
             got = False
             try:
                 for peer, msg in self.transport.poll_notifications():
-                    rid = parse_done_notice(msg)
-                    if rid is not None:
-                        got = self.release(rid) or got
-                    elif msg.startswith(b"done:"):
-                        log.warning("%s: ignored a malformed done notice from %r: %r", self.cfg.name, peer, msg[:80])
+                    got = self._on_notice(peer, msg) or got
                 self._expire()
             except Exception:
                 log.exception("%s: a round of notices and expiry failed; retrying in 1 s", self.cfg.name)
@@ -195,11 +195,25 @@ class PrefillWorker(WorkerEndpoint):
             idle = 0.002 if got else min(idle * 2, 0.02 if busy else 0.2)
             self._stop.wait(idle)
 
+    def _on_notice(self, peer: str, msg: bytes) -> bool:
+        """Free what a done notice names (True if it freed something). A notice already taken from the
+        transport is not delivered again, so a failure is logged here without losing the others."""
+        rid = parse_done_notice(msg)
+        if rid is None:
+            if is_done_notice(msg):
+                log.warning("%s: ignored a malformed done notice from %r: %r", self.cfg.name, peer, msg[:80])
+            return False
+        try:
+            return self.release(rid)
+        except Exception:
+            log.exception("%s: freeing %s on its done notice failed", self.cfg.name, rid)
+            return False
+
     def _expire(self) -> None:
         """Free holds past their expiry, checked and popped under one lock so a push cannot start between."""
         now = time.monotonic()
         with self._lock:
-            stale = [rid for rid, h in self._held.items() if now > h.expires and not h.claimed]
+            stale = [rid for rid, h in self._held.items() if now > h.expires]
             for rid in stale:
                 self.engine.runner.release(self._held.pop(rid).seq)
             if stale:

@@ -147,8 +147,12 @@ def start_router(config: ServeConfig, ray_address: str | None = None,
     thread = threading.Thread(target=run, name="kvwire-router", daemon=True)
     thread.start()
     try:
-        target, metrics_port = _await_ready(ready, cancel, lambda: loop.call_soon_threadsafe(task.cancel))
-    except BaseException:
+        target, metrics_port = _await_ready(ready, cancel)
+    except BaseException:   # failed, cancelled, or a KeyboardInterrupt in a caller without ``cancel``
+        try:
+            loop.call_soon_threadsafe(task.cancel)
+        except RuntimeError:    # the loop already closed: start-up ended by itself
+            pass
         thread.join(timeout=60)
         if owns_ray:
             ray.shutdown()
@@ -157,11 +161,11 @@ def start_router(config: ServeConfig, ray_address: str | None = None,
                          holder["stop"], holder["hurry"])
 
 
-def _await_ready(ready: Future, cancel: threading.Event | None, stop: Callable[[], None]) -> tuple[str, int]:
-    """Wait for start-up, looking at ``cancel`` twice a second; on it, stop start-up and raise StartCancelled."""
+def _await_ready(ready: Future, cancel: threading.Event | None) -> tuple[str, int]:
+    """Wait for start-up, looking at ``cancel`` twice a second (a signal handler sets it; it cannot wake a
+    Future); raise StartCancelled once it is set."""
     while True:
         if cancel is not None and cancel.is_set():
-            stop()
             raise StartCancelled("stopped before serving")
         try:
             return ready.result(timeout=0.5)

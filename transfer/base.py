@@ -63,6 +63,7 @@ class Transport(ABC):
         self._peers: dict[str, PoolInfo] = {}
         # Strong references until terminal: a handle the caller dropped is still drained by close().
         self._live: set[TransferHandle] = set()
+        self._leaving: set[str] = set()              # peers remove_peer is draining
         self._closed = False
         self._lock = threading.RLock()
 
@@ -137,13 +138,17 @@ class Transport(ABC):
         ``abort`` does: dropped under them, they would end FAILED as if stopped while bytes still land."""
         with self._lock:
             self._peer(peer)
+            self._leaving.add(peer)     # no new transfer to it from here on (``_peer`` refuses it)
             handles = [h for h in self._live if h.peer == peer and not h.state.terminal]
-        for handle in handles:  # outside our lock, as in close()
-            handle.abort()
-        with self._lock:
-            if peer in self._peers:
-                self._disconnect(peer)
-                del self._peers[peer]
+        try:
+            for handle in handles:  # outside our lock, as in close()
+                handle.abort()
+        finally:
+            with self._lock:
+                self._leaving.discard(peer)
+                if peer in self._peers:
+                    self._disconnect(peer)
+                    del self._peers[peer]
 
     def write_pages(self, peer: str, local_pages: Sequence[int], remote_pages: Sequence[int],
                     deadline_s: float, notify: bytes | None = None) -> TransferHandle:
@@ -213,6 +218,8 @@ class Transport(ABC):
         return self._storage, self._format
 
     def _peer(self, peer: str) -> PoolInfo:
+        if peer in self._leaving:
+            raise PeerError(f"peer {peer!r} is being removed")
         try:
             return self._peers[peer]
         except KeyError:

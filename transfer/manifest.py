@@ -213,9 +213,14 @@ def done_notice(request_id: str) -> bytes:
     return _DONE_PREFIX + request_id.encode()
 
 
+def is_done_notice(msg: bytes) -> bool:
+    """Whether ``msg`` is meant as a done notice (it may still be malformed: ``parse_done_notice``)."""
+    return msg.startswith(_DONE_PREFIX)
+
+
 def parse_done_notice(msg: bytes) -> str | None:
     """The request id of a done notice, or None for any other message (a malformed one included)."""
-    if not msg.startswith(_DONE_PREFIX):
+    if not is_done_notice(msg):
         return None
     try:
         return msg[len(_DONE_PREFIX):].decode()

@@ -39,7 +39,11 @@ from transfer.runs import Run
 log = logging.getLogger(__name__)
 
 _BACKEND = "UCX"
-_UNKNOWN = "UNKNOWN"   # check()'s answer when NIXL raised instead of giving a state
+_UNKNOWN = "UNKNOWN"   # check()'s answer, with the reason after it, when NIXL could not say where a request is
+# What NIXL raises (its binding throws on an error status) when a request has ended with an error: the
+# backend failed it, or the peer's endpoint failed, which flushes its operations. Anything else (the peer's
+# metadata gone, an unknown error) leaves the request's state unknown.
+_ENDED_ERRORS = ("nixlBackendError", "nixlRemoteDisconnectError", "nixlCancelledError")
 
 
 def _import_nixl() -> Any:
@@ -98,7 +102,7 @@ class NixlHandle(TransferHandle):
             self._release()
             if status != "DONE":
                 self.error = f"NIXL reported {status} for {self.op.value} with peer {self.peer!r}"
-                self._quiesced = status != _UNKNOWN
+                self._quiesced = not status.startswith(_UNKNOWN)
                 return TransferState.FAILED
         if self._notify_msg is not None:
             self._transport.notify_peer(self.peer, self._notify_msg)
@@ -118,7 +122,7 @@ class NixlHandle(TransferHandle):
             log.warning("abort of %s gave up after %.1fs with the request still in flight; its pages "
                         "must not be reused", self, self._transport.abort_grace_s)
         self._release()
-        return status not in ("PROC", _UNKNOWN)
+        return status != "PROC" and not status.startswith(_UNKNOWN)
 
     def _release(self) -> None:
         xfer, self._xfer = self._xfer, None
@@ -159,14 +163,16 @@ class NixlTransport(Transport):
 
     # ---- used by NixlHandle ----
     def check(self, xfer: Any) -> str:
-        """"DONE", "PROC", "ERR", or "UNKNOWN" when NIXL could not say (the check raised, e.g. its peer
-        was dropped): the request may still be moving bytes, so it is dead to us but not quiesced."""
+        """"DONE", "PROC", "ERR[: why]" (ended with an error), or "UNKNOWN: why" when NIXL could not say
+        where the request is (e.g. its peer's metadata was dropped): it may still be moving bytes, so it
+        is dead to us but not quiesced."""
         with self._lock:
             try:
                 return self._agent.check_xfer_state(xfer)
             except Exception as exc:
-                log.error("NIXL state check of %r failed: %s", xfer, exc)
-                return _UNKNOWN
+                kind = type(exc).__name__
+                log.warning("NIXL state check of %r raised %s: %s", xfer, kind, exc)
+                return f"{'ERR' if kind in _ENDED_ERRORS else _UNKNOWN}: {kind}: {exc}"
 
     def release(self, xfer: Any) -> None:
         with self._lock:

@@ -4,9 +4,15 @@ same one-line error, exit 2, under every command instead of a traceback."""
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from kvwire.errors import ModelLoadError
 from kvwire.validate.config import ConfigError
+
+if TYPE_CHECKING:
+    from kvwire.model.config import ModelConfig
+    from kvwire.model.llama import LlamaModel
+    from kvwire.model.tokenizer import Tokenizer
 
 
 def _model_flags(args: argparse.Namespace) -> argparse.Namespace:
@@ -14,14 +20,14 @@ def _model_flags(args: argparse.Namespace) -> argparse.Namespace:
     return argparse.Namespace(model=args.model, load_format="auto", model_shape=None, device=args.device)
 
 
-def load_config(args: argparse.Namespace):
+def load_config(args: argparse.Namespace) -> ModelConfig:
     """The model's config (no weights): the first read of --model, so a bad one fails before anything runs."""
     from kvwire.commands.model_args import config_from_args
 
     return config_from_args(_model_flags(args))
 
 
-def load_tokenizer(args: argparse.Namespace):
+def load_tokenizer(args: argparse.Namespace) -> Tokenizer:
     """The tokenizer alone (no weights): prompts are sized with it before the model loads."""
     from kvwire.model import registry
 
@@ -34,7 +40,7 @@ def load_tokenizer(args: argparse.Namespace):
     return tokenizer
 
 
-def load_model(args: argparse.Namespace):
+def load_model(args: argparse.Namespace) -> tuple[LlamaModel, Tokenizer | None]:
     """(model, tokenizer) on --device, for the in-process engine."""
     from kvwire.commands.model_args import load_from_args
 

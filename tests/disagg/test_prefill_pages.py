@@ -3,6 +3,7 @@ when they are not freed in time), one larger than the pool is refused at once, a
 router sends answer while a prefill holds the worker's lock. Plain classes, random weights."""
 from __future__ import annotations
 
+import math
 import threading
 import time
 
@@ -132,11 +133,11 @@ def test_a_hold_being_pushed_does_not_expire(worker):
     worker._stop.set()                                # no background expiry: this test calls _expire itself
     worker._thread.join(5)
     worker.prefill_request("p", prompt(40, 15), PARAMS, wait_s=0.0)
-    assert worker.claim("p")                          # as push() does before the transfer starts
+    assert worker._claim("p", math.inf)               # as push() does before the transfer starts
     time.sleep(0.05)
     worker._expire()
     assert worker.counters()["requests_held"] == 1
-    worker._held["p"].claimed = False
+    worker._held["p"].expires = 0.0                   # the push ended without freeing it: it expires
     worker._expire()
     assert worker.counters()["requests_held"] == 0 and worker.counters()["pages_in_use"] == 0
 
@@ -157,6 +158,23 @@ def test_an_expired_hold_cannot_be_claimed_for_a_pull(worker):
     assert worker.release("kept") and worker.counters()["pages_in_use"] == 0
 
 
+def test_a_claimed_pull_whose_caller_died_still_expires(worker, monkeypatch):
+    """A claimed hold never expired: a driver that died between claim and release leaked its pages."""
+    import dataclasses
+
+    import prefill.worker
+
+    monkeypatch.setattr(prefill.worker, "CLAIM_GRACE_S", 0.3)
+    worker.cfg = dataclasses.replace(worker.cfg, hold_timeout_s=0.0, transfer_deadline_s=0.0)
+    worker.prefill_request("orphan", prompt(40, 19), PARAMS, wait_s=0.0)
+    assert worker.claim("orphan")
+    assert worker.counters()["requests_held"] == 1                 # held past hold_timeout_s: claimed
+    deadline = time.monotonic() + 10
+    while worker.counters()["requests_held"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert worker.counters()["requests_held"] == 0 and worker.counters()["pages_in_use"] == 0
+
+
 def test_a_malformed_notice_or_a_failing_poll_does_not_stop_freeing_pages(worker, caplog):
     """One done notice with a non-UTF-8 id ended the notice thread for good (an uncaught
     UnicodeDecodeError), and with it every later release by notice and every expiry."""
@@ -166,16 +184,17 @@ def test_a_malformed_notice_or_a_failing_poll_does_not_stop_freeing_pages(worker
     worker.transport.deliver("stranger", b"done:\xff\xfe")
     real_poll, failures = worker.transport.poll_notifications, []
 
+    failed = threading.Event()
+
     def poll_failing_once():                          # a transport hiccup this test cannot cause otherwise
         if not failures:
             failures.append(1)
+            failed.set()
             raise RuntimeError("transport hiccup")
         return real_poll()
 
-    time.sleep(0.3)
     worker.transport.poll_notifications = poll_failing_once
-    time.sleep(0.3)
-    assert failures and worker._thread.is_alive()
+    assert failed.wait(10) and worker._thread.is_alive()
     worker.transport.deliver("decode", done_notice("a"))
     deadline = time.monotonic() + 5
     while worker.counters()["requests_held"] and time.monotonic() < deadline:

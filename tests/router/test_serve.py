@@ -105,7 +105,7 @@ def test_workers_ray_cannot_place_are_named_and_start_up_stops_on_cancel(ray_clu
     thread = threading.Thread(target=start)
     thread.start()
     deadline = time.monotonic() + 30
-    while not any("warning" in m for m in messages) and time.monotonic() < deadline:
+    while sum("warning" in m for m in messages) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
     warnings = [m for m in messages if "warning" in m]
     assert len(warnings) == 2 and all("needs GPU 2 on one node" in m for m in warnings)
@@ -115,4 +115,4 @@ def test_workers_ray_cannot_place_are_named_and_start_up_stops_on_cancel(ray_clu
     deadline = time.monotonic() + 20
     while _live_actors() > before and time.monotonic() < deadline:     # killed, not left pending
         time.sleep(0.2)
-    assert _live_actors() == before
+    assert _live_actors() <= before                  # (earlier tests' actors may still be dying)

@@ -188,7 +188,9 @@ def test_a_check_nixl_cannot_answer_ends_the_transfer_not_quiesced(monkeypatch) 
         assert h.poll() is TransferState.FAILED and not h.quiesced
         assert "UNKNOWN" in h.error
         monkeypatch.undo()
-        time.sleep(0.5)                                  # let the real transfer end before closing
+        deadline = time.monotonic() + 30                 # let the real transfer end before closing
+        while not torch.equal(b.storage[-1], a.storage[-1]) and time.monotonic() < deadline:
+            time.sleep(0.05)
     finally:
         a.close()
         b.close()
@@ -214,3 +216,50 @@ def test_a_handshake_naming_another_agent_leaves_a_connected_peer_alone() -> Non
     finally:
         a.close()
         b.close()
+
+
+def _peer_process(conn) -> None:
+    """A NIXL agent in its own process (TCP), connected to the parent's, living until it is killed."""
+    from transfer.handshake import decode_handshake
+
+    fmt = big_format()
+    b = NixlTransport(unique("dead-b"), ucx_config={"TLS": "tcp"})
+    b.register_pool(torch.zeros((PAGES, fmt.page_bytes), dtype=torch.uint8), fmt)
+    conn.send(b.handshake().encode())
+    b.add_peer(decode_handshake(conn.recv()))
+    conn.send("ready")
+    time.sleep(600)
+
+
+def test_a_peer_killed_mid_write_ends_it_failed_and_quiesced() -> None:
+    """NIXL raises (nixlRemoteDisconnectError) where a request ended because its peer died: that request
+    is over, so its pages may be reused; only a check NIXL cannot answer leaves them quarantined."""
+    import multiprocessing
+    import signal
+
+    from transfer.handshake import decode_handshake
+
+    ctx = multiprocessing.get_context("spawn")
+    ours, theirs = ctx.Pipe()
+    proc = ctx.Process(target=_peer_process, args=(theirs,), daemon=True)
+    proc.start()
+    fmt = big_format()
+    a = NixlTransport(unique("dead-a"), ucx_config={"TLS": "tcp"})
+    try:
+        a.register_pool(random_pool(fmt, PAGES, seed=15), fmt)
+        assert ours.poll(60)
+        peer = a.add_peer(decode_handshake(ours.recv()))
+        ours.send(a.handshake().encode())
+        assert ours.poll(30) and ours.recv() == "ready"
+        h = a.write_pages(peer, list(range(PAGES)), list(range(PAGES)), deadline_s=60)
+        in_flight = a.check(h._xfer) == "PROC"
+        os.kill(proc.pid, signal.SIGKILL)
+        state = h.wait(50)
+        if not in_flight and state is TransferState.DONE:
+            pytest.skip("the WRITE finished before the peer could be killed")
+        assert state is TransferState.FAILED and h.quiesced, (state, h.error)
+        assert h.error.startswith("NIXL reported ERR: nixl"), h.error      # the reason, not just "ERR"
+    finally:
+        proc.kill()
+        proc.join(10)
+        a.close()

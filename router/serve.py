@@ -120,6 +120,7 @@ def start_router(config: ServeConfig, ray_address: str | None = None,
     if not ray.is_initialized():
         workers = sum(p.prefill_workers + p.decode_workers for p in config.pools)
         if ray_address:
+            check_ray_reachable(ray_address)
             progress(f"joining the Ray cluster at {ray_address}")
             ray.init(address=ray_address, log_to_driver=False, configure_logging=False)
         else:
@@ -183,6 +184,19 @@ def _load_models(config: ServeConfig) -> dict[str, tuple]:
         except (ValueError, OSError) as exc:
             raise StartError(f"pool {pc.name}: model {pc.model!r}: {exc}") from exc
     return models
+
+
+def check_ray_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """StartError now if nothing listens at a HOST:PORT Ray address (``ray://`` too), rather than minutes
+    of Ray's own GCS warnings before its timeout. "auto" and other forms are left to Ray."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise StartError(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc} (is its head "
+                         "running, and is this its GCS port, 6379 by default?)") from exc
 
 
 def check_ports_free(config: ServeConfig) -> None:

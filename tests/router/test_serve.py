@@ -69,6 +69,30 @@ def test_a_model_that_does_not_load_is_refused_before_ray_starts():
     assert ray.is_initialized() == ray_was_up
 
 
+def test_a_ray_address_nobody_answers_is_one_line_at_once():
+    """--address pointing at no Ray head printed minutes of Ray's GCS warnings before anything said why."""
+    ray = pytest.importorskip("ray")
+    import time
+
+    from router.serve import StartError
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]                 # nothing listens once the socket is closed
+    from router.serve import check_ray_reachable
+
+    began = time.monotonic()
+    for address in (f"127.0.0.1:{closed}", f"ray://127.0.0.1:{closed}"):
+        with pytest.raises(StartError, match=f"cannot reach the Ray cluster at {address}"):
+            check_ray_reachable(address)
+    check_ray_reachable("auto")                        # left to Ray
+    if not ray.is_initialized():                       # start_router checks only when it is to join
+        with pytest.raises(StartError, match=f"cannot reach the Ray cluster at 127.0.0.1:{closed}"):
+            start_router(config(0, 0), ray_address=f"127.0.0.1:{closed}")
+        assert not ray.is_initialized()
+    assert time.monotonic() - began < 10
+
+
 def _live_actors() -> int:
     """Actors not dead, from the GCS (ray.util.state needs the dashboard, which tests leave out)."""
     import ray
@@ -116,3 +140,4 @@ def test_workers_ray_cannot_place_are_named_and_start_up_stops_on_cancel(ray_clu
     while _live_actors() > before and time.monotonic() < deadline:     # killed, not left pending
         time.sleep(0.2)
     assert _live_actors() <= before                  # (earlier tests' actors may still be dying)
+

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 from pathlib import Path
 
 from kvwire.errors import UsageError
+from kvwire.out_dir import check_writable_dir
 
 
 def add_out_argument(parser: argparse.ArgumentParser) -> None:
@@ -31,23 +31,14 @@ def check_out(out: str | Path | None) -> Path | None:
     path = Path(out)
     if path.is_dir():
         raise UsageError(f"--out {path}: is a directory; name a file, e.g. {path / 'result.json'}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except FileExistsError as exc:
-        raise UsageError(f"--out {path}: {exc.filename} is a file, not a directory; choose another --out") \
-            from exc
-    except OSError as exc:
-        raise UsageError(f"--out {path}: cannot create its directory ({exc.strerror}: {exc.filename}); "
-                         "choose another --out") from exc
-    try:
-        with tempfile.TemporaryFile(dir=path.parent):
-            pass
-        if path.exists():
-            with path.open("ab"):
+    check_writable_dir(path.parent, f"--out {path}", "its directory")
+    if path.exists():
+        try:
+            with path.open("ab"):    # an existing file: appended to nothing, so its contents stay
                 pass
-    except OSError as exc:
-        raise UsageError(f"--out {path}: cannot write a file there ({exc.strerror}); choose another --out") \
-            from exc
+        except OSError as exc:
+            raise UsageError(f"--out {path}: cannot write a file there ({exc.strerror}); choose another --out") \
+                from exc
     return path
 
 

@@ -8,9 +8,9 @@ import os
 import platform
 import shlex
 import sys
-import tempfile
 from pathlib import Path
 
+from kvwire.out_dir import check_writable_dir
 from kvwire.validate.config import ConfigError, SweepConfig, backend_kind
 from kvwire.validate.loading import load_config, load_model, load_tokenizer
 from kvwire.validate.plots import fidelity_plot, recall_plot
@@ -50,21 +50,8 @@ def machine() -> str:
 
 
 def make_out_dir(out: Path) -> None:
-    """Create --out and write a scratch file there before the model loads, so that a path that cannot be a
-    directory, or a directory nothing can be written to (read-only filesystem), fails early in one line."""
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except FileExistsError as exc:
-        raise ConfigError(f"--out {out}: {exc.filename} is a file, not a directory; choose another --out") from exc
-    except (NotADirectoryError, PermissionError) as exc:
-        raise ConfigError(f"--out {out}: cannot create the directory ({exc.strerror}: {exc.filename}); "
-                          "choose another --out") from exc
-    try:   # an existing directory on a read-only filesystem, or not ours (root passes os.access checks)
-        with tempfile.TemporaryFile(dir=out):
-            pass
-    except OSError as exc:
-        raise ConfigError(f"--out {out}: cannot write a file there ({exc.strerror}); choose another --out") \
-            from exc
+    """Create --out and write a scratch file there before the model loads (``check_writable_dir``)."""
+    check_writable_dir(out, f"--out {out}")
 
 
 def finish(out: Path, data: dict | None = None) -> tuple[dict, list[Path]]:

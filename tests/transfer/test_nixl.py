@@ -23,20 +23,23 @@ from transfer.nixl_transport import NixlTransport  # noqa: E402
 PAGES = 512  # x 256 KiB = 128 MiB per transfer: still in flight when checked, even on a loaded host
 
 
-def tcp_transports(tag: str, seed: int) -> tuple[NixlTransport, NixlTransport]:
+def transports(tag: str, seed: int, pages: int = PAGES, tcp: bool = True,
+               connect: bool = True) -> tuple[NixlTransport, NixlTransport]:
+    """a (random pages) and b (zeros), connected both ways unless ``connect`` is False."""
     fmt = big_format()
-    a = NixlTransport(unique(f"{tag}-a"), ucx_config={"TLS": "tcp"})
-    b = NixlTransport(unique(f"{tag}-b"), ucx_config={"TLS": "tcp"})
-    a.register_pool(random_pool(fmt, PAGES, seed=seed), fmt)
-    b.register_pool(torch.zeros((PAGES, fmt.page_bytes), dtype=torch.uint8), fmt)
-    a.add_peer(b.handshake())
-    b.add_peer(a.handshake())
+    ucx = {"ucx_config": {"TLS": "tcp"}} if tcp else {}
+    a, b = NixlTransport(unique(f"{tag}-a"), **ucx), NixlTransport(unique(f"{tag}-b"), **ucx)
+    a.register_pool(random_pool(fmt, pages, seed=seed), fmt)
+    b.register_pool(torch.zeros((pages, fmt.page_bytes), dtype=torch.uint8), fmt)
+    if connect:
+        a.add_peer(b.handshake())
+        b.add_peer(a.handshake())
     return a, b
 
 
 @pytest.fixture(scope="module")
 def tcp_pair():
-    a, b = tcp_transports("tcp", 11)
+    a, b = transports("tcp", 11)
     yield a, b
     a.close()
     b.close()
@@ -132,13 +135,8 @@ def test_idle_agents_leave_the_cpu_alone() -> None:
     """NIXL's progress thread spins (a core per agent) unless its poll delay is set; two idle agents
     after a transfer must use a small share of one core between them."""
     before = set(os.listdir("/proc/self/task"))
-    fmt = big_format()
-    a, b = NixlTransport(unique("idle-a")), NixlTransport(unique("idle-b"))
+    a, b = transports("idle", 5, pages=4, tcp=False)
     try:
-        a.register_pool(random_pool(fmt, 4, seed=5), fmt)
-        b.register_pool(torch.zeros((4, fmt.page_bytes), dtype=torch.uint8), fmt)
-        a.add_peer(b.handshake())
-        b.add_peer(a.handshake())
         assert a.write_pages(b.name, [0, 1], [2, 3], deadline_s=10).wait(10) is TransferState.DONE
         agent_threads = set(os.listdir("/proc/self/task")) - before
         assert agent_threads, "NIXL started no threads: nothing measured"
@@ -154,7 +152,7 @@ def test_idle_agents_leave_the_cpu_alone() -> None:
 def test_removing_a_peer_mid_flight_aborts_its_transfers_first() -> None:
     """remove_peer dropped NIXL's peer under a live WRITE: its next check raised, the handle ended FAILED
     with quiesced True, and the bytes went on landing (the owner would reuse pages still being written)."""
-    a, b = tcp_transports("rm", 12)
+    a, b = transports("rm", 12)
     try:
         for _ in range(5):  # a loaded host may finish the transfer before it can be caught
             h = a.write_pages(b.name, list(range(PAGES)), list(range(PAGES)), deadline_s=30, notify=b"x")
@@ -177,7 +175,7 @@ def test_removing_a_peer_mid_flight_aborts_its_transfers_first() -> None:
 def test_a_check_nixl_cannot_answer_ends_the_transfer_not_quiesced(monkeypatch) -> None:
     """A raising state check was taken for ERR, which says the request ended: its pages were then
     released for reuse though it could still be writing them."""
-    a, b = tcp_transports("unk", 13)
+    a, b = transports("unk", 13)
     try:
         h = a.write_pages(b.name, list(range(PAGES)), list(range(PAGES)), deadline_s=30)
 
@@ -203,11 +201,8 @@ def test_a_handshake_naming_another_agent_leaves_a_connected_peer_alone() -> Non
 
     from transfer import PeerError
 
-    fmt = big_format()
-    a, b = NixlTransport(unique("hs-a")), NixlTransport(unique("hs-b"))
+    a, b = transports("hs", 14, pages=8, tcp=False, connect=False)
     try:
-        a.register_pool(random_pool(fmt, 8, seed=14), fmt)
-        b.register_pool(torch.zeros((8, fmt.page_bytes), dtype=torch.uint8), fmt)
         a.add_peer(b.handshake())
         with pytest.raises(PeerError, match="NIXL metadata is agent"):
             a.add_peer(dataclasses.replace(b.handshake(), agent_name=unique("someone-else")))

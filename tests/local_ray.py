@@ -17,6 +17,26 @@ def actor_pythonpath() -> str:
     return os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
 
 
+# Ray gives its raylet a fixed 30 s to register with the GCS (ray/_private/node.py). On the 2-core
+# CI machine, while the previous module's cluster is still exiting, that has run out once (a
+# fresh-clone CI run on dcc155a errored one module's fixture with "The current node timed out
+# during startup"), so a start that times out is shut down and tried again, once.
+_STARTUP_TIMEOUT = "timed out during startup"
+
+
+def _init_with_retry(ray, num_cpus: int, object_store_mb: int, attempts: int = 2) -> None:
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(address="local", num_cpus=num_cpus, _node_ip_address="127.0.0.1", include_dashboard=False,
+                     log_to_driver=False, object_store_memory=object_store_mb * 1024 * 1024, configure_logging=False,
+                     runtime_env={"env_vars": {"PYTHONPATH": actor_pythonpath(), **RAY_ENV}})
+            return
+        except Exception as e:
+            if _STARTUP_TIMEOUT not in str(e) or attempt == attempts:
+                raise
+            ray.shutdown()
+
+
 @contextlib.contextmanager
 def local_ray(num_cpus: int, object_store_mb: int) -> Iterator:
     """``ray`` initialised for the block, shut down after it; RAY_ENV set meanwhile, then restored."""
@@ -24,9 +44,7 @@ def local_ray(num_cpus: int, object_store_mb: int) -> Iterator:
     saved = {k: os.environ.get(k) for k in RAY_ENV}
     os.environ.update(RAY_ENV)
     try:
-        ray.init(address="local", num_cpus=num_cpus, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False,
-                 object_store_memory=object_store_mb * 1024 * 1024, configure_logging=False,
-                 runtime_env={"env_vars": {"PYTHONPATH": actor_pythonpath(), **RAY_ENV}})
+        _init_with_retry(ray, num_cpus, object_store_mb)
         yield ray
     finally:
         ray.shutdown()

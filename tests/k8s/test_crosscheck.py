@@ -73,15 +73,68 @@ def group_resources(group: dict) -> dict[str, float]:
     return json.loads(json.loads(raw)) if raw else {}
 
 
+# KubeRay's submitter pod runs `ray job submit ... -- ENTRYPOINT ;` through `/bin/bash -c`, with the
+# entrypoint pasted in unquoted (ray-operator/controllers/ray/common/job.go, BuildJobSubmitCommand).
+# This stand-in `ray` records what the Ray job would run: the words after `--`, joined by
+# shlex.join as Ray's CLI does.
+STUB_RAY = """#!/bin/bash
+[ "$1 $2" = "job submit" ] || exit 1
+while [ "$1" != "--" ]; do shift; done; shift
+python3 -c 'import shlex, sys; print(shlex.join(sys.argv[1:]))' "$@" >> "$RECORD"
+"""
+
+
+def cluster_commands(job: dict, tmp_path) -> list[list[str]]:
+    """The commands a RayJob's entrypoint runs on the Ray cluster, found by running KubeRay's
+    submitter line with a stand-in `ray` on a PATH that holds nothing else: a command that would
+    run in the submitter pod instead (a bare `&&` in the entrypoint) fails the test."""
+    stub = tmp_path / "bin"
+    stub.mkdir(exist_ok=True)
+    (stub / "ray").write_text(STUB_RAY)
+    (stub / "ray").chmod(0o755)
+    if not (stub / "python3").exists():
+        (stub / "python3").symlink_to(sys.executable)
+    record = tmp_path / f"{job['metadata']['name']}.entrypoint"
+    line = f"ray job submit --address http://head:8265 --no-wait -- {job['spec']['entrypoint'].strip()} ;"
+    done = subprocess.run(["/bin/bash", "-c", line], env={"PATH": str(stub), "RECORD": str(record)},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and not done.stderr, (
+        f"{job['metadata']['name']}: KubeRay's submitter would run part of the entrypoint itself: {done.stderr}")
+    submitted = record.read_text().splitlines()
+    assert len(submitted) == 1, submitted
+    argv = shlex.split(submitted[0])
+    if argv[:2] == ["bash", "-c"]:
+        return [shlex.split(part) for part in argv[2].split("&&")]
+    assert not {"&&", "||", ";", "|"} & set(argv), f"shell operators outside bash -c: {submitted[0]}"
+    return [argv]
+
+
+def same_build(image: str) -> bool:
+    """The Dockerfile's image, wherever it was pushed: docs/deploy.md has users point an overlay's
+    `images: newName:` at REGISTRY/kvwire, which keeps the name's last part and the tag."""
+    name, _, tag = image.rpartition(":")
+    built_name, _, built_tag = image_ref().rpartition(":")
+    return tag == built_tag and name.rsplit("/", 1)[-1] == built_name.rsplit("/", 1)[-1]
+
+
+def test_a_pushed_image_name_counts_as_the_build() -> None:
+    version = image_ref().rpartition(":")[2]
+    assert same_build(image_ref()) and same_build(f"registry.example.com:5000/team/kvwire:{version}")
+    assert not same_build(f"kvwire/kvwire:{version}.1") and not same_build(f"kvwire/other:{version}")
+
+
 @pytest.mark.parametrize("directory", ALL, ids=ids)
 def test_images_and_ray_version_match_the_build(directory) -> None:
+    images = set()
     for obj in render_cached(str(directory)):
         if obj["kind"] in ("Deployment", "RayCluster", "RayJob"):
             for c in containers(obj):
-                assert c["image"] == image_ref(), f"{obj['kind']}/{c['name']}: {c['image']} != {image_ref()}"
+                assert same_build(c["image"]), f"{obj['kind']}/{c['name']}: {c['image']} is not {image_ref()}"
+                images.add(c["image"])
         if obj["kind"] in ("RayCluster", "RayJob"):
             rc = obj["spec"] if obj["kind"] == "RayCluster" else obj["spec"]["rayClusterSpec"]
             assert rc["rayVersion"] == ray_pin(), "rayVersion must be the ray pinned in pyproject.toml"
+    assert len(images) <= 1, f"one image for every container: {sorted(images)}"
 
 
 @pytest.mark.parametrize("directory", SERVING, ids=ids)
@@ -162,7 +215,7 @@ def test_pool_config_parses_and_fits_the_worker_groups(directory) -> None:
         assert all(r in needed for r in units), f"{role}: group declares {units}, unused by any pool"
 
 
-def test_experiment_commands_parse() -> None:
+def test_experiment_commands_parse(tmp_path) -> None:
     """The RayJobs' entrypoints name real commands and flags (kvwire.validate: issue 6)."""
     from kvwire.cli import build_parser
 
@@ -172,8 +225,8 @@ def test_experiment_commands_parse() -> None:
     assert bench["spec"]["entrypointNumGpus"] == 1, "the benchmarks need the GPU worker"
     validate_flags = []
     for job in jobs:
-        for part in job["spec"]["entrypoint"].split("&&"):
-            argv = shlex.split(part)
+        for argv in cluster_commands(job, tmp_path):
+            part = shlex.join(argv)
             if argv[0] == "kvwire":
                 try:
                     build_parser().parse_args(argv[1:])
@@ -190,15 +243,14 @@ def test_experiment_commands_parse() -> None:
         assert flag in help_text, f"python -m kvwire.validate has no {flag}"
 
 
-def test_validate_job_runs_its_pools_on_the_gpu_groups() -> None:
+def test_validate_job_runs_its_pools_on_the_gpu_groups(tmp_path) -> None:
     """The sweep must go through Ray pools whose workers take the resources the GPU groups declare;
     the default in-process backend would run it all on the GPU-less head."""
     from kvwire.validate.cli import build_parser
 
     job = next(j for j in find(render_cached(str(K8S / "experiments")), "RayJob")
                if j["metadata"]["name"] == "kvwire-validate")
-    argv = next(shlex.split(part) for part in job["spec"]["entrypoint"].split("&&")
-                if shlex.split(part)[:3] == ["python", "-m", "kvwire.validate"])
+    argv = next(a for a in cluster_commands(job, tmp_path) if a[:3] == ["python", "-m", "kvwire.validate"])
     args = build_parser().parse_args(argv[3:])
     assert args.backend == "ray", "the validate job must use --backend ray"
     declared = {}

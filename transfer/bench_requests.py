@@ -20,6 +20,7 @@ from multiprocessing.connection import Connection
 
 import torch
 
+from kvwire.bench.sizes import token_count
 from kvwire.formats import KVFormat, PageFormat
 
 DEFAULT_FORMATS = "bf16,fp8-tensor,fp8-token,nvfp4,fp8-token/nvfp4"
@@ -131,9 +132,9 @@ def _prompts(text: str) -> list[int]:
     from kvwire.errors import UsageError
 
     try:
-        prompts = [int(x) for x in text.split(",")]
+        prompts = [token_count(x) for x in text.split(",")]
     except ValueError:
-        raise UsageError(f"--prompts takes comma-separated token counts, e.g. 1024,4096; got {text!r}") from None
+        raise UsageError(f"--prompts takes comma-separated token counts, e.g. 1024,4k; got {text!r}") from None
     if min(prompts) <= PAGE_SIZE:
         raise UsageError(f"--prompts: each length must be at least {PAGE_SIZE + 1} tokens (one full page of "
                          f"{PAGE_SIZE} to send); got {text!r}")

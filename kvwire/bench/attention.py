@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kvwire.bench.sizes import token_count
 from kvwire.bench.targets import format_verdicts, judge
 
 DEFAULT_FORMATS = ("bf16", "fp8-token", "fp8-tensor", "nvfp4", "fp8-token/nvfp4", "fp8-tensor/nvfp4")
@@ -38,8 +39,7 @@ QUICK_SHAPES = ("1x32k", "32x32k")
 
 def parse_shape(s: str) -> tuple[int, int]:
     b, l = s.lower().split("x")
-    mult = 1024 if l.endswith("k") else 1
-    return int(b), int(l.rstrip("k")) * mult
+    return int(b), token_count(l)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

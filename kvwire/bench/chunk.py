@@ -25,6 +25,8 @@ import sys
 
 import torch
 
+from kvwire.bench.sizes import token_count
+
 DEFAULT_FORMATS = ("bf16", "fp8-token", "fp8-tensor", "nvfp4", "fp8-token/nvfp4")
 DEFAULT_PREFIXES = ("8k", "32k")
 
@@ -48,11 +50,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--splits", type=int, default=None,
                         help="split count of the split run (default: what the engine picks)")
-
-
-def _tokens(s: str) -> int:
-    s = s.strip().lower()
-    return int(s[:-1]) * 1024 if s.endswith("k") else int(s)
 
 
 def causal_flops(chunk: int, prefix: int, num_q_heads: int, head_dim: int) -> float:
@@ -84,7 +81,7 @@ def run(args) -> dict:
     backends = [PrefixBackend(b) for b in names]
     key_splits = _key_splits(args.key_splits)
     rows = []
-    cases = [(_tokens(a), int(c)) for a in args.prefixes.split(",") if a.strip()
+    cases = [(token_count(a), int(c)) for a in args.prefixes.split(",") if a.strip()
              for c in args.chunks.split(",") if c.strip()]
     for prefix, n in cases:
         if prefix % p or n % p:

@@ -13,13 +13,14 @@ import sys
 import torch
 
 from kvwire.bench.attention import time_graph
-from kvwire.bench.chunk import _tokens, causal_flops, stored_pages
+from kvwire.bench.chunk import causal_flops, stored_pages
+from kvwire.bench.sizes import token_count
 from kvwire.formats import KVFormat, PageFormat
 from kvwire.kernels import chunk_attention as new
 
 old = importlib.import_module(sys.argv[1])
 formats = (sys.argv[2] if len(sys.argv) > 2 else "bf16,fp8-tensor,fp8-token,nvfp4,fp8-token/nvfp4").split(",")
-prefixes = [_tokens(a) for a in (sys.argv[3] if len(sys.argv) > 3 else "32k").split(",")]
+prefixes = [token_count(a) for a in (sys.argv[3] if len(sys.argv) > 3 else "32k").split(",")]
 chunks = [int(c) for c in (sys.argv[4] if len(sys.argv) > 4 else "512,64").split(",")]
 tiles = [tuple(int(x) for x in t.split("x")) for t in os.environ.get("TILES", "").split()]
 kwargs = [{k: int(v) for k, v in (kv.split("=") for kv in item.split(","))}

@@ -19,14 +19,15 @@ if [ -z "${SKIP_SWEEP:-}" ]; then
 python3 - "$FORMATS" "$PREFIXES" "$CHUNKS" <<'PY' 2>&1 | tee "$OUT/chunk_sweep.txt"
 import os, sys, torch
 from kvwire.bench.attention import time_graph
-from kvwire.bench.chunk import _tokens, causal_flops, stored_pages
+from kvwire.bench.chunk import causal_flops, stored_pages
+from kvwire.bench.sizes import token_count
 from kvwire.formats import KVFormat, PageFormat
 from kvwire.kernels.chunk_attention import paged_chunk_attention
 from kvwire.kernels.chunk_plan import planned_splits
 TILES = [tuple(int(x) for x in t.split('x')) for t in os.environ.get('TILES', '64x32x4x2 128x64x8x2 128x128x8x2').split()]
 dev, hq, h, d, p = torch.device("cuda"), 32, 8, 128, 16
 gen = torch.Generator(device=dev).manual_seed(0)
-for prefix, n in [(_tokens(a), int(c)) for a in sys.argv[2].split(",") for c in sys.argv[3].split(",")]:
+for prefix, n in [(token_count(a), int(c)) for a in sys.argv[2].split(",") for c in sys.argv[3].split(",")]:
     total = prefix + n
     q = torch.randn((n, hq, d), device=dev, generator=gen).to(torch.bfloat16)
     pos = torch.arange(prefix, total, device=dev)

@@ -61,3 +61,9 @@ def test_an_indexed_cpu_device_is_the_cpu(tmp_path, capsys):
 def test_the_copy_baseline_takes_any_cpu_device_name():
     from transfer.bench_requests import copy_gbytes_per_s
     assert copy_gbytes_per_s(1 << 16, "cpu:1", reps=1) > 0
+
+
+def test_prompt_lengths_take_the_k_the_help_shows():
+    """--help gives the default as 1k,4k,16k,64k; `--prompts 16k` used to be refused."""
+    from transfer.bench_requests import _prompts
+    assert _prompts("1k, 100,16K") == [1024, 100, 16384]

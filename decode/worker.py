@@ -160,7 +160,8 @@ class DecodeWorker(WorkerEndpoint):
         seq = SequenceKV(pages=pages, tail_slot=slot, num_tokens=m.num_tokens)
         try:    # no longer reserved and not yet running: a failure here must free the pages itself
             tail = m.tail_tensor().to(self.kv.device)
-            req = _Request(m.request_id, seq, params, Sampler(params), m.first_token, 1, max_pages)
+            req = _Request(m.request_id, seq, params, Sampler(params, first_index=1), m.first_token, 1,
+                           max_pages)
             req.out.put(m.first_token)
             reason = self.engine.finish_reason(m.first_token, 1, m.num_tokens + 1, params)
         except BaseException:

@@ -31,19 +31,43 @@ class SamplingParams:
             raise ValueError(f"seed must be between 0 and {MAX_SEED}, got {self.seed}")
 
 
-class Sampler:
-    """Samples one token from float32 logits [vocab]; owns its generator so runs repeat."""
+_GOLDEN = 0x9E3779B97F4A7C15
+_MASK64 = 2**64 - 1
 
-    def __init__(self, params: SamplingParams) -> None:
+
+def token_seed(seed: int, index: int) -> int:
+    """The generator seed for a request's ``index``-th completion token (splitmix64 of seed and index).
+
+    A seeded request's draws depend on (seed, index) alone, not on one generator's running state:
+    the prefill worker samples token 0 and a decode worker, in another process, the rest, and a
+    request gives the same tokens there as in the single-process engine. (Two generators seeded
+    alike used to make token 1 reuse token 0's draw.)
+    """
+    z = (seed + (index + 1) * _GOLDEN) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+class Sampler:
+    """Samples a request's completion tokens, one call each, from float32 logits [vocab].
+
+    ``first_index`` is the completion index of the first token this sampler draws: 0 where it
+    samples from the first token on, 1 on a decode worker continuing after prefill's token.
+    """
+
+    def __init__(self, params: SamplingParams, first_index: int = 0) -> None:
         self.params = params
+        self.index = first_index
         self.generator = torch.Generator()
-        if params.seed is not None:
-            self.generator.manual_seed(params.seed)
-        else:
+        if params.seed is None:
             self.generator.seed()
 
     def __call__(self, logits: torch.Tensor) -> int:
         p = self.params
+        if p.seed is not None:
+            self.generator.manual_seed(token_seed(p.seed, self.index))
+        self.index += 1
         if p.temperature == 0:
             return int(torch.argmax(logits))
         probs = torch.softmax(_scaled(logits.float().cpu(), p.temperature), dim=-1)

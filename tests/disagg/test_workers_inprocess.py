@@ -103,3 +103,20 @@ def test_tail_only_prompt(workers):
     tokens, _ = drain(decode, decode.admit(blob, params))
     assert len(tokens) == 3
     wait_idle(prefill, decode)
+
+
+def test_a_seeded_sampled_request_gives_the_engines_tokens(workers):
+    """Prefill samples token 0 and the decode worker the rest: with a seed, the split must not
+    show. Two generators seeded alike used to make token 1 reuse token 0's draw (at temperature
+    1000 nearly every draw picks a different token, so a reused draw shows as a repeat)."""
+    prefill, decode = workers
+    ids = prefill.tokenizer.encode("Once upon a time, in a small village,")
+    repeats = 0
+    for seed in range(8):
+        params = SamplingParams(max_tokens=4, temperature=1000.0, seed=seed, stop_at_eos=False)
+        rid = decode.admit(prefill.prefill(f"seeded{seed}", ids, params), params)
+        split, _ = drain(decode, rid)
+        assert split == list(prefill.engine.generate(list(ids), params)), seed
+        repeats += split[0] == split[1]
+    assert repeats <= 1, f"token 1 repeated token 0 in {repeats} of 8 seeded requests"
+    wait_idle(prefill, decode)

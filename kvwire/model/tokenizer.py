@@ -22,6 +22,18 @@ _LLAMA3_SPLIT = (
 )
 _GGUF_CONTROL, _GGUF_USER_DEFINED = 3, 4
 _CHATML_SYSTEM = re.compile(r"<\|im_start\|>system(?:\n|\\n)(.*?)<\|im_end\|>", re.S)
+_JINJA_CODE = re.compile(r"[{}]|['\"]\s*[+~]|[+~]\s*['\"]")
+
+
+def default_system_prompt(chat_template: str) -> str | None:
+    r"""The system prompt a ChatML Jinja template inserts when the messages have none: the text of
+    its first literal ``<|im_start|>system\n...<|im_end|>``. A match that concatenates strings or
+    holds braces is template code (``'<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>'``),
+    not a default, and is skipped."""
+    for found in _CHATML_SYSTEM.finditer(chat_template):
+        if not _JINJA_CODE.search(found.group(1)):
+            return found.group(1)
+    return None
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -111,13 +123,12 @@ class Tokenizer:
         bos = field_value(reader, "tokenizer.ggml.bos_token_id")
         eos = [field_value(reader, k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")]
         template = field_value(reader, "tokenizer.chat_template") or ""
-        system = _CHATML_SYSTEM.search(template)
         return cls(
             backend,
             bos_token_id=None if bos is None else int(bos),
             eos_token_ids=tuple(dict.fromkeys(int(e) for e in eos if e is not None)),
             add_bos=bool(field_value(reader, "tokenizer.ggml.add_bos_token", False)),
-            default_system_prompt=system.group(1) if system else None,
+            default_system_prompt=default_system_prompt(template),
         )
 
     @classmethod
@@ -153,6 +164,8 @@ class Tokenizer:
         ChatML (SmolLM2) and Llama 3 formats are recognised from the vocabulary; the model's own
         default system prompt is inserted like its Jinja template does when ``system`` is None.
         Vocabularies with neither format get the bare message (base models have no chat format).
+        Llama 3's ``<|begin_of_text|>`` is written only where ``encode`` does not add BOS itself:
+        two BOS tokens degrade its output.
         """
         system = self.default_system_prompt if system is None else system
         if self.token_to_id("<|im_start|>") is not None:
@@ -160,8 +173,9 @@ class Tokenizer:
             return f"{head}<|im_start|>user\n{user_message}<|im_end|>\n<|im_start|>assistant\n"
         if self.token_to_id("<|start_header_id|>") is not None:
             head = f"<|start_header_id|>system<|end_header_id|>\n\n{system}<|eot_id|>" if system else ""
+            bos = "" if self.add_bos else "<|begin_of_text|>"
             return (
-                f"<|begin_of_text|>{head}<|start_header_id|>user<|end_header_id|>\n\n{user_message}<|eot_id|>"
+                f"{bos}{head}<|start_header_id|>user<|end_header_id|>\n\n{user_message}<|eot_id|>"
                 "<|start_header_id|>assistant<|end_header_id|>\n\n"
             )
         return user_message

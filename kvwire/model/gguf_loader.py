@@ -139,6 +139,20 @@ def _rope_scaling(reader, tensors: dict, base: ModelConfig) -> Llama3RopeScaling
     return scaling
 
 
+def _refuse_rope_scaling_type(reader) -> None:
+    """A linear- or YaRN-extended GGUF says so in ``llama.rope.scaling.type`` (older files in
+    ``llama.rope.scale_linear``). Plain RoPE would rotate its K wrongly and degrade every answer
+    with no error, so such a file is refused, as the HF loader refuses the same model. Llama 3's
+    scaling has no type there: it arrives as ``rope_freqs.weight`` (``_rope_scaling``)."""
+    kind = field_value(reader, "llama.rope.scaling.type")
+    if kind not in (None, "none"):
+        raise ValueError(f"unsupported rope scaling type {kind!r} in the GGUF (only plain and llama3 RoPE)")
+    linear = field_value(reader, "llama.rope.scale_linear")
+    if linear not in (None, 1.0):
+        raise ValueError(f"unsupported linear rope scaling (scale_linear {linear}) in the GGUF "
+                         "(only plain and llama3 RoPE)")
+
+
 def config_from_gguf(reader, name: str | None = None) -> ModelConfig:
     """Build a :class:`ModelConfig` from ``llama.*`` metadata and the tensor inventory."""
     tensors = _tensor_map(reader)
@@ -154,6 +168,7 @@ def config_from_gguf(reader, name: str | None = None) -> ModelConfig:
     rope_dim = int(field_value(reader, "llama.rope.dimension_count", head_dim))
     if rope_dim != head_dim:
         raise ValueError(f"partial rotary embeddings (rope dim {rope_dim} != head dim {head_dim}) unsupported")
+    _refuse_rope_scaling_type(reader)
     tokens = field_value(reader, "tokenizer.ggml.tokens")
     vocab = field_value(reader, "llama.vocab_size") or (len(tokens) if tokens is not None else None)
     if vocab is None:

@@ -145,3 +145,33 @@ def test_tokenizer_from_gguf(written) -> None:
     assert tokenizer.vocab_size == VOCAB and tokenizer.eos_token_ids == (0,)
     text = "x the 12  é\n"
     assert tokenizer.decode(tokenizer.encode(text)) == text
+
+
+@pytest.mark.parametrize("scaling", ["linear", "yarn", "scale_linear"])
+def test_a_linear_or_yarn_extended_gguf_is_refused(tmp_path, scaling) -> None:
+    """Plain RoPE on such a file rotated K wrongly with no error (the HF loader refuses it too)."""
+    import gguf
+
+    from kvwire.model.gguf_loader import config_from_gguf, open_gguf
+
+    path = tmp_path / f"{scaling}.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(1)
+    w.add_context_length(16384)
+    w.add_embedding_length(64)
+    w.add_feed_forward_length(128)
+    w.add_head_count(4)
+    w.add_head_count_kv(4)
+    w.add_layer_norm_rms_eps(1e-5)
+    if scaling == "scale_linear":
+        w.add_float32("llama.rope.scale_linear", 4.0)
+    else:
+        w.add_rope_scaling_type(gguf.RopeScalingType(scaling))
+        w.add_rope_scaling_factor(4.0)
+    w.add_tensor("token_embd.weight", np.random.default_rng(0).standard_normal((32, 64), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match="unsupported .*rope scaling"):
+        config_from_gguf(open_gguf(str(path)))

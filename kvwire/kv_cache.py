@@ -74,6 +74,8 @@ class KVCache:
         f = self.format
         if scales.shape != (f.num_layers, 2, f.num_kv_heads):
             raise ValueError(f"static scales must be [{f.num_layers}, 2, {f.num_kv_heads}], got {tuple(scales.shape)}")
+        if not bool(torch.isfinite(scales).all() and (scales > 0).all()):
+            raise ValueError("static scales must be finite and > 0 (a zero scale stores NaN codes)")
         self.static_scales = scales.to(device=self.device, dtype=torch.float32)
 
     def _static(self, layer: int, part: int) -> torch.Tensor | None:

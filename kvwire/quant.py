@@ -102,9 +102,13 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
 
 
 def _scale_from_amax(amax: torch.Tensor, limit: float) -> torch.Tensor:
+    """``amax / limit``, or 1 where that is 0: an all-zero group, and one whose amax is so small
+    (below about 3e-43) that the quotient underflows; a zero scale would store 0/0 = NaN codes.
+    With scale 1 such values encode as 0. The kernels apply the same rule to the same quotient."""
     # Divide by a tensor, not a Python float: CUDA turns ``tensor / scalar`` into a multiply by the
     # reciprocal, which rounds differently and would make a page's bytes depend on the device.
-    return torch.where(amax > 0, amax / torch.full_like(amax, limit), torch.ones_like(amax))
+    q = amax / torch.full_like(amax, limit)
+    return torch.where(q > 0, q, torch.ones_like(q))
 
 
 # ---- page-batch quantisers: x is [n_pages, P, H, D]; sections are [n_pages, *section shape] ----

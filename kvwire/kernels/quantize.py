@@ -87,7 +87,8 @@ def _quantize_kernel(x_ptr, sx_n, sx_p, sx_h, sx_d, ids_ptr, st8, st16, st32, st
         xe, xo = tl.split(tl.reshape(x4, [BLOCK_P, HB, BLOCK_NB, 8, 2]))       # [BP, HB, BNB, 8]
         bamax = tl.maximum(tl.max(tl.abs(xe), axis=3), tl.max(tl.abs(xo), axis=3))   # [BP, HB, BNB]
         amax = tl.max(tl.max(bamax, axis=2), axis=0)                              # [HB]
-        glob = tl.where(amax > 0, tl.math.div_rn(amax, 2688.0), 1.0)
+        glob = tl.math.div_rn(amax, 2688.0)
+        glob = tl.where(glob > 0, glob, 1.0)       # 0 when amax is 0 or underflows: see quant._scale_from_amax
         g3 = glob[None, :, None]
         bbits = e4m3_encode(tl.minimum(tl.math.div_rn(bamax, g3 * 6.0), 448.0), HW_BS)
         scale = e4m3_decode(bbits) * g3
@@ -122,12 +123,14 @@ def _quantize_kernel(x_ptr, sx_n, sx_p, sx_h, sx_d, ids_ptr, st8, st16, st32, st
         else:
             if GRAN == 1:
                 amax = tl.max(tl.abs(x), axis=2)                                   # [BP, HB]
-                sc = tl.where(amax > 0, tl.math.div_rn(amax, 448.0), 1.0)
+                sc = tl.math.div_rn(amax, 448.0)
+                sc = tl.where(sc > 0, sc, 1.0)
                 y = tl.math.div_rn(x, sc[:, :, None])
                 tl.store(st32 + ((base + s_off) // 4 + rows), sc, mask=(p < P)[:, None] & hmask[None, :])
             elif GRAN == 2:
                 amax = tl.max(tl.max(tl.abs(x), axis=2), axis=0)                   # [HB]
-                sc = tl.where(amax > 0, tl.math.div_rn(amax, 448.0), 1.0)
+                sc = tl.math.div_rn(amax, 448.0)
+                sc = tl.where(sc > 0, sc, 1.0)
                 y = tl.math.div_rn(x, sc[None, :, None])
                 tl.store(st32 + ((base + s_off) // 4 + h0 + hb), sc, mask=hmask)
             else:

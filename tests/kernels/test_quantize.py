@@ -51,6 +51,26 @@ def test_edge_values(name):
     _check(name, torch.float32, edit=_edge_values)
 
 
+def _underflowing_scales(x):
+    x[0] *= 1e-44                    # fp32 subnormals: amax / 448 (and / 2688) round to 0
+    x[1, 2] *= 1e-44                 # one such token in an ordinary page
+
+
+@pytest.mark.parametrize("name", ["fp8-token", "fp8-page", "nvfp4"])
+def test_scales_that_underflow_store_zeros_not_nan(name):
+    """A quotient amax / limit of 0 used to store 0/0 = NaN codes (and Triton other bytes than the
+    reference): such a group takes scale 1, as an all-zero one does, and decodes to zeros."""
+    from kvwire.quant import dequantize_pages, quantize_pages
+
+    _check(name, torch.float32, n=2, edit=_underflowing_scales)
+    f = make_format(name, page_size=16, layers=1, heads=3, head_dim=64).kv.key
+    x = random_kv((2, 16, 3, 64), torch.Generator().manual_seed(1))
+    _underflowing_scales(x)
+    back = dequantize_pages(quantize_pages(x, f), f)
+    assert not back.isnan().any()
+    assert (back[0] == 0).all() and (back[1, 2] == 0).all()
+
+
 def test_mixed_format_parts_and_head_dim_128():
     _check("fp8-token/nvfp4", torch.bfloat16, heads=2, head_dim=128, n=3)
     _check("nvfp4/fp8-head", torch.bfloat16, heads=2, head_dim=128, n=3, page_size=8)

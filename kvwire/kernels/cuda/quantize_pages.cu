@@ -77,6 +77,10 @@ __device__ __forceinline__ float elem_abs(const uint4& v, int e) {
     u32 w = (e < 2) ? v.x : (e < 4) ? v.y : (e < 6) ? v.z : v.w;
     return (e & 1) ? __uint_as_float(w & 0x7fff0000u) : fabsf(__uint_as_float(w << 16));
 }
+// amax / limit, or 1 where that is 0 (amax 0, or so small the quotient underflows): a zero scale
+// would store 0/0 = NaN codes. The same rule as the reference (quant._scale_from_amax).
+__device__ __forceinline__ float scale_or_one(float q) { return q > 0.0f ? q : 1.0f; }
+
 __device__ __forceinline__ float chunk_amax(const uint4& v) {
     float m = 0.0f;
 #pragma unroll
@@ -218,7 +222,7 @@ extern "C" __global__ void __launch_bounds__(TPT) kvwire_quantize_pages(
         float a = am[l];
 #pragma unroll
         for (int m = UPR / 2; m >= 1; m >>= 1) a = fmaxf(a, shfl_xor(a, m));
-        sc[l] = a > 0.0f ? div_rn(a, 448.0f) : 1.0f;
+        sc[l] = scale_or_one(div_rn(a, 448.0f));
         if (c == 0) *(float*)(page + s_off + (row0 + l * RPS) * 4) = sc[l];
     }
 #elif GRAN == 2
@@ -226,7 +230,7 @@ extern "C" __global__ void __launch_bounds__(TPT) kvwire_quantize_pages(
 #pragma unroll
     for (int l = 0; l < NL; ++l) a = fmaxf(a, am[l]);
     a = block_max(a, sm_max, warp, lane);
-    const float s = a > 0.0f ? div_rn(a, 448.0f) : 1.0f;
+    const float s = scale_or_one(div_rn(a, 448.0f));
     if (t == 0) *(float*)(page + s_off + (i64)h * 4) = s;
 #pragma unroll
     for (int l = 0; l < NL; ++l) sc[l] = s;
@@ -267,7 +271,7 @@ extern "C" __global__ void __launch_bounds__(TPT) kvwire_quantize_pages(
         a = fmaxf(a, bam[u]);
     }
     a = block_max(a, sm_max, warp, lane);
-    const float glob = a > 0.0f ? div_rn(a, 2688.0f) : 1.0f;
+    const float glob = scale_or_one(div_rn(a, 2688.0f));
     const float g6 = mul_rn(glob, 6.0f);
     const bool g6_fast = div_fast_ok(g6);
     const float r6 = rcp_rn(g6);

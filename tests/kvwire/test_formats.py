@@ -55,6 +55,16 @@ def test_dict_roundtrip_and_malformed():
         PageFormat.from_dict(f.to_dict() | {"version": 1})
 
 
+@pytest.mark.parametrize("field, bad", [("head_dim", 0), ("head_dim", -128), ("page_size", "16"),
+                                        ("page_size", 16.9), ("num_kv_heads", True), ("num_layers", 10**6),
+                                        ("head_dim", 2**30)])
+def test_impossible_or_non_integer_shapes_are_malformed(field, bad):
+    """A description off the wire (a peer's handshake) is checked before its layout is built:
+    10**6 layers took 13 s and 3 GiB there, and head_dim 0 or "16" used to pass."""
+    with pytest.raises(ValueError, match="malformed"):
+        PageFormat.from_dict(smol("fp8-token/nvfp4").to_dict() | {field: bad})
+
+
 @pytest.mark.parametrize("shape", [SMOL, dict(page_size=16, num_layers=2, num_kv_heads=8, head_dim=128),
                                    dict(page_size=3, num_layers=3, num_kv_heads=1, head_dim=16)])
 @pytest.mark.parametrize("name", ["fp8-token/nvfp4", "fp8-page/nvfp4", "bf16/fp8-token", "nvfp4"])

@@ -47,3 +47,14 @@ def test_refusals(fmt: PageFormat, changes: dict, pool: bool, match: str) -> Non
 def test_garbage() -> None:
     with pytest.raises(HandshakeError, match="not valid msgpack"):
         decode_handshake(b"\xc1\x00")
+
+
+def test_a_huge_format_with_a_matching_hash_is_refused_before_its_layout(fmt: PageFormat) -> None:
+    """A 311-byte handshake describing 10**6 layers, its hash computed to match, took 13 s and
+    3 GiB to decode (the pool's page_bytes check built the layout first)."""
+    import hashlib
+    import json
+    desc = fmt.to_dict() | {"num_layers": 10**6}
+    digest = hashlib.sha256(json.dumps(desc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+    with pytest.raises(HandshakeError, match="past any model"):
+        decode_handshake(tamper(make(fmt).encode(), pool=True, page_format=desc, format_hash=digest))

@@ -29,6 +29,19 @@ def test_cuda_backend_on_cpu_raises_with_the_reason(monkeypatch):
         paged_decode_attention(*_args(), backend="cuda")
 
 
+def test_cuda_backend_refuses_misaligned_storage():
+    """Pages are read with 16-byte loads (and bulk copies): a storage view 8 bytes off gets a clear
+    error. (The GPU twin is in test_gpu_cuda_decode.py; this one runs in CI, in the emulator.)"""
+    args = list(_args("fp8-token"))
+    storage = args[1]
+    raw = torch.randint(0, 256, (storage.numel() + 16,), dtype=torch.uint8)
+    shifted = raw[8:8 + storage.numel()].view_as(storage)
+    shifted.copy_(storage)
+    args[1] = shifted
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        paged_decode_attention(*args, backend="cuda")
+
+
 def test_unknown_backend_raises():
     with pytest.raises(ValueError, match="backend must be"):
         paged_decode_attention(*_args(), backend="cutlass")

@@ -112,7 +112,7 @@ def test_cuda_quantize_strided_input_and_auto_backend(name, monkeypatch):
     launched = []
     real = quantize_cuda.launch
     monkeypatch.setattr(quantize_cuda, "launch", lambda *a, **k: (launched.append(1), real(*a, **k)))
-    storage = torch.zeros((64, f.page_bytes), dtype=torch.uint8)
+    storage = torch.randint(0, 256, (64, f.page_bytes), dtype=torch.uint8, generator=gen)   # poisoned
     expect = storage.clone()
     storage = storage.to(DEV)
     ids = torch.randperm(64, generator=gen)[:40]

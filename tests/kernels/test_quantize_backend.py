@@ -14,7 +14,7 @@ from .helpers import make_format, random_kv
 def _args(name="nvfp4"):
     gen = torch.Generator().manual_seed(0)
     f = make_format(name, page_size=16, layers=1, heads=2, head_dim=64)
-    storage = torch.zeros((6, f.page_bytes), dtype=torch.uint8)
+    storage = torch.randint(0, 256, (6, f.page_bytes), dtype=torch.uint8, generator=gen)   # poisoned
     x = random_kv((3, 16, 2, 64), gen).to(torch.bfloat16)
     return storage, f, 0, 0, torch.tensor([4, 0, 2]), x
 

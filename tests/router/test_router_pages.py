@@ -64,7 +64,7 @@ def test_a_request_larger_than_a_pool_is_invalid_at_once(client, tokens, max_tok
     for word in words:
         assert word in err.value.details()
     assert "Traceback" not in err.value.details()
-    wait_until(lambda: idle(client), 30.0)
+    assert wait_until(lambda: idle(client), 30.0), client.stats()
 
 
 def test_requests_that_fit_only_one_at_a_time_all_finish(client):
@@ -77,7 +77,7 @@ def test_requests_that_fit_only_one_at_a_time_all_finish(client):
         done = list(pool.map(run, range(3)))
     for c in done:
         assert c.finished.finish_reason == "length" and len(c.token_ids) == 120
-    wait_until(lambda: idle(client), 30.0)
+    assert wait_until(lambda: idle(client), 30.0), client.stats()
 
 
 def test_a_request_id_in_flight_is_refused(client):
@@ -101,7 +101,7 @@ def test_a_request_id_in_flight_is_refused(client):
     assert first["events"][-1].finished.completion_tokens == 60
     again = client.complete(prompt_ids=prompt(40, 5), max_tokens=4, request_id="same", timeout_s=60)
     assert len(again.token_ids) == 4                      # the id is free again once the first ended
-    wait_until(lambda: idle(client), 30.0)
+    assert wait_until(lambda: idle(client), 30.0), client.stats()
 
 
 def test_a_cancelled_waiter_does_not_hold_up_those_behind_it(client):
@@ -129,7 +129,7 @@ def test_a_cancelled_waiter_does_not_hold_up_those_behind_it(client):
     c_done = time.monotonic()
     a.join(300)
     assert c_done < ended["a"] - 1.0, f"C waited for A to finish (C ended {ended['a'] - c_done:.1f} s before A)"
-    wait_until(lambda: idle(client), 30.0)
+    assert wait_until(lambda: idle(client), 30.0), client.stats()
 
 
 def test_a_request_id_retried_after_its_deadline_runs(client):
@@ -140,7 +140,7 @@ def test_a_request_id_retried_after_its_deadline_runs(client):
     assert err.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
     again = client.complete(prompt_ids=prompt(350, 40), max_tokens=4, request_id="retried", timeout_s=120)
     assert len(again.token_ids) == 4
-    wait_until(lambda: idle(client), 30.0)
+    assert wait_until(lambda: idle(client), 30.0), client.stats()
 
 
 def test_a_client_closing_the_call_counts_ok_or_cancelled_never_failed(client):

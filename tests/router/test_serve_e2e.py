@@ -157,8 +157,9 @@ def test_queue_full_is_resource_exhausted_and_nothing_is_lost(served):
 
 
 def test_metrics_and_no_pages_held_after(served, client):
-    with pytest.raises(grpc.RpcError):              # a pool name made up by a client is not a label value
+    with pytest.raises(grpc.RpcError) as err:       # a pool name made up by a client is not a label value
         client.complete("hi", pool="made-up-" + "z" * 40, max_tokens=2, timeout_s=30)
+    assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT, err.value
     text = urllib.request.urlopen(f"http://127.0.0.1:{served.metrics_port}/metrics", timeout=10).read().decode()
     for name in ("kvwire_ttft_seconds_bucket", "kvwire_tpot_seconds_bucket", "kvwire_requests_total",
                  "kvwire_wire_bytes_total", "kvwire_wire_bf16_bytes_total", "kvwire_kv_pages_in_use",
@@ -201,8 +202,9 @@ def test_sigterm_drains_a_second_signal_cancels_and_everything_stops(served, cli
     served.proc.send_signal(signal.SIGTERM)
     assert wait_until(lambda: any("draining 2 in-flight request(s)" in line for line in served.lines), 30), \
         served.lines[-10:]
-    with pytest.raises(grpc.RpcError):                    # refused: the router is going away
+    with pytest.raises(grpc.RpcError) as err:             # refused: the router is going away
         client.complete("Too late.", max_tokens=2, timeout_s=30)
+    assert err.value.code() is grpc.StatusCode.UNAVAILABLE, err.value
     rest = list(short)
     assert rest[-1].HasField("finished") and rest[-1].finished.completion_tokens == 12, rest[-1]
     time.sleep(4.0)                                       # past the 3 s after which Ray's handler killed it

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from kvwire.formats import FP8_MAX
+from kvwire.quant import scale_from_amax
 
 STATIC_SCALE_HEADROOM = 2.0
 
@@ -49,8 +50,7 @@ def calibrate_static_scales(model: torch.nn.Module, token_ids: list[int] | None 
     model(ids, torch.arange(len(token_ids), device=device), attn, logits_indices=ids.new_tensor([len(token_ids) - 1]))
     if not bool(torch.isfinite(amax).all()):
         raise ValueError("calibration produced non-finite K/V: check the model weights")
-    amax = torch.where(amax > 0, amax * STATIC_SCALE_HEADROOM, torch.full_like(amax, FP8_MAX))
-    return amax / FP8_MAX
+    return scale_from_amax(amax * STATIC_SCALE_HEADROOM, FP8_MAX)     # 1 where amax is 0 or underflows
 
 
 def reduce_for_granularity(scales: torch.Tensor, key_tensor: bool, value_tensor: bool) -> torch.Tensor:

@@ -28,8 +28,9 @@ and a page or section that starts off a line costs an extra line per slice. Vers
 at 8 heads, D = 128) and the value data of most layers off the line; on an H100 that cost the mixed
 formats 0.3-2% of decode time (docs/benchmarks.md, session 30). Putting the small scale sections
 after all the data keeps them packed (a head's per-token scales stay within one line where they
-fit). Padding is each scale section rounded up to 16 bytes (none at 8 heads; 720 bytes, 0.4% of a
-page, for NVFP4 at 5 heads, D = 64 and 30 layers) plus the page's end rounded up to 128 bytes.
+fit). Padding: each data section is rounded up to 128 bytes, each scale section to 16, and the
+page to 128 (none at 16-token pages with 8 heads and D = 128; 720 bytes, 0.4% of a page, for NVFP4
+at 16 tokens, 5 heads, D = 64 and 30 layers; more at odd page sizes such as 3 tokens).
 
 Element formats and what a stored value means (x = the real value):
 

@@ -65,7 +65,9 @@ class KVCache:
         self.tails = TailPool(fmt, max_sequences, device)
         self.device = torch.device(device)
         # [layers, 2 (K/V), kv_heads] fp32; only read by tensor/head granularities.
-        self.static_scales = static_scales
+        self.static_scales: torch.Tensor | None = None
+        if static_scales is not None:
+            self.set_static_scales(static_scales)
 
     def needs_static_scales(self) -> bool:
         return self.format.kv.key.has_static_scales or self.format.kv.value.has_static_scales

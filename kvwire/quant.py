@@ -101,7 +101,7 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     return out.reshape(*packed.shape[:-1], packed.shape[-1] * 2)
 
 
-def _scale_from_amax(amax: torch.Tensor, limit: float) -> torch.Tensor:
+def scale_from_amax(amax: torch.Tensor, limit: float) -> torch.Tensor:
     """``amax / limit``, or 1 where that is 0: an all-zero group, and one whose amax is so small
     (below about 3e-43) that the quotient underflows; a zero scale would store 0/0 = NaN codes.
     With scale 1 such values encode as 0. The kernels apply the same rule to the same quotient."""
@@ -136,10 +136,10 @@ def _quantize_fp8(xh: torch.Tensor, gran: Granularity,
                   static_scale: torch.Tensor | None) -> dict[str, torch.Tensor]:
     h = xh.shape[1]
     if gran is Granularity.TOKEN:
-        scale = _scale_from_amax(xh.abs().amax(dim=-1), FP8_MAX)          # [n, H, P]
+        scale = scale_from_amax(xh.abs().amax(dim=-1), FP8_MAX)          # [n, H, P]
         return {"data": fp8_encode(xh / scale[..., None]), "token_scale": scale}
     if gran is Granularity.PAGE:
-        scale = _scale_from_amax(xh.abs().amax(dim=(-2, -1)), FP8_MAX)    # [n, H]
+        scale = scale_from_amax(xh.abs().amax(dim=(-2, -1)), FP8_MAX)    # [n, H]
         return {"data": fp8_encode(xh / scale[..., None, None]), "page_scale": scale}
     if static_scale is None or static_scale.shape != (h,):
         raise ValueError(f"fp8-{gran.value} needs a static scale of shape [{h}]")
@@ -149,7 +149,7 @@ def _quantize_fp8(xh: torch.Tensor, gran: Granularity,
 
 def _quantize_nvfp4(xh: torch.Tensor) -> dict[str, torch.Tensor]:
     n, h, p, d = xh.shape
-    glob = _scale_from_amax(xh.abs().amax(dim=(-2, -1)), E2M1_MAX * FP8_MAX)       # [n, H]
+    glob = scale_from_amax(xh.abs().amax(dim=(-2, -1)), E2M1_MAX * FP8_MAX)       # [n, H]
     blocks = xh.reshape(n, h, p, d // NVFP4_BLOCK, NVFP4_BLOCK)
     block_amax = blocks.abs().amax(dim=-1)                                           # [n, H, P, D/16]
     block_bits = fp8_encode(block_amax / (E2M1_MAX * glob[..., None, None]))
@@ -197,7 +197,7 @@ def calibrate_static_scale(samples: torch.Tensor, granularity: Granularity) -> t
         amax = samples.float().abs().amax().expand(samples.shape[1]).clone()
     else:
         raise ValueError(f"granularity {granularity.value} has no static scale")
-    return _scale_from_amax(amax, FP8_MAX)
+    return scale_from_amax(amax, FP8_MAX)
 
 
 # ---- the one-tensor API -----------------------------------------------------------------------

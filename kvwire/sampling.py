@@ -35,18 +35,25 @@ _GOLDEN = 0x9E3779B97F4A7C15
 _MASK64 = 2**64 - 1
 
 
+def _splitmix64(x: int) -> int:
+    z = (x + _GOLDEN) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
 def token_seed(seed: int, index: int) -> int:
-    """The generator seed for a request's ``index``-th completion token (splitmix64 of seed and index).
+    """The generator seed for a request's ``index``-th completion token: splitmix64 of the mixed
+    seed and the index (mixing the seed first, so seeds s and s + k never share draws shifted by
+    tokens).
 
     A seeded request's draws depend on (seed, index) alone, not on one generator's running state:
     the prefill worker samples token 0 and a decode worker, in another process, the rest, and a
     request gives the same tokens there as in the single-process engine. (Two generators seeded
-    alike used to make token 1 reuse token 0's draw.)
+    alike used to make token 1 reuse token 0's draw; since that fix, 2026-12-07, a seed gives
+    other tokens than it did before.)
     """
-    z = (seed + (index + 1) * _GOLDEN) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return z ^ (z >> 31)
+    return _splitmix64(_splitmix64(seed) ^ index)
 
 
 class Sampler:

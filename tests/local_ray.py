@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
+import signal
 from collections.abc import Iterator
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -20,12 +21,31 @@ def actor_pythonpath() -> str:
 # Ray gives its raylet a fixed 30 s to register with the GCS (ray/_private/node.py). On the 2-core
 # CI machine, while the previous module's cluster is still exiting, that has run out once (a
 # fresh-clone CI run on dcc155a errored one module's fixture with "The current node timed out
-# during startup"), so a start that times out is shut down and tried again, once.
+# during startup"), so a start that times out is cleared away and tried again, once. Ray raises
+# before it records the node, so ray.shutdown() cannot stop that attempt's GCS and raylet: the
+# processes the attempt started (the test process's new descendants) are killed instead.
 _STARTUP_TIMEOUT = "timed out during startup"
+
+
+def _descendants() -> set[int]:
+    """Pids of this process's descendants (from /proc; empty where there is none)."""
+    parent: dict[int, int] = {}
+    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(stat.parent.name)] = int(fields[1])
+    found, frontier = set(), {os.getpid()}
+    while frontier:
+        frontier = {pid for pid, ppid in parent.items() if ppid in frontier} - found
+        found |= frontier
+    return found
 
 
 def _init_with_retry(ray, num_cpus: int, object_store_mb: int, attempts: int = 2) -> None:
     for attempt in range(1, attempts + 1):
+        before = _descendants()
         try:
             ray.init(address="local", num_cpus=num_cpus, _node_ip_address="127.0.0.1", include_dashboard=False,
                      log_to_driver=False, object_store_memory=object_store_mb * 1024 * 1024, configure_logging=False,
@@ -35,6 +55,9 @@ def _init_with_retry(ray, num_cpus: int, object_store_mb: int, attempts: int = 2
             if _STARTUP_TIMEOUT not in str(e) or attempt == attempts:
                 raise
             ray.shutdown()
+            for pid in _descendants() - before:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 @contextlib.contextmanager

@@ -26,7 +26,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate at most (default 64)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0)")
-    p.add_argument("--seed", type=int, default=None, help="sampling seed, for repeatable runs")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed, for repeatable runs (the same tokens "
+                   "as a request with this seed through `kvwire serve`)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--page-size", type=int, default=16, help="tokens per KV page (default 16)")
     p.add_argument("--chunk-size", type=int, default=512, help="prefill tokens per forward pass (default 512)")

@@ -88,7 +88,7 @@ def _quantize_kernel(x_ptr, sx_n, sx_p, sx_h, sx_d, ids_ptr, st8, st16, st32, st
         bamax = tl.maximum(tl.max(tl.abs(xe), axis=3), tl.max(tl.abs(xo), axis=3))   # [BP, HB, BNB]
         amax = tl.max(tl.max(bamax, axis=2), axis=0)                              # [HB]
         glob = tl.math.div_rn(amax, 2688.0)
-        glob = tl.where(glob > 0, glob, 1.0)       # 0 when amax is 0 or underflows: see quant._scale_from_amax
+        glob = tl.where(glob > 0, glob, 1.0)       # 0 when amax is 0 or underflows: see quant.scale_from_amax
         g3 = glob[None, :, None]
         bbits = e4m3_encode(tl.minimum(tl.math.div_rn(bamax, g3 * 6.0), 448.0), HW_BS)
         scale = e4m3_decode(bbits) * g3

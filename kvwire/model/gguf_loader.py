@@ -140,16 +140,16 @@ def _rope_scaling(reader, tensors: dict, base: ModelConfig) -> Llama3RopeScaling
 
 
 def _refuse_rope_scaling_type(reader) -> None:
-    """A linear- or YaRN-extended GGUF says so in ``llama.rope.scaling.type`` (older files in
-    ``llama.rope.scale_linear``). Plain RoPE would rotate its K wrongly and degrade every answer
-    with no error, so such a file is refused, as the HF loader refuses the same model. Llama 3's
-    scaling has no type there: it arrives as ``rope_freqs.weight`` (``_rope_scaling``)."""
-    kind = field_value(reader, "llama.rope.scaling.type")
-    if kind not in (None, "none"):
-        raise ValueError(f"unsupported rope scaling type {kind!r} in the GGUF (only plain and llama3 RoPE)")
-    linear = field_value(reader, "llama.rope.scale_linear")
-    if linear not in (None, 1.0):
-        raise ValueError(f"unsupported linear rope scaling (scale_linear {linear}) in the GGUF "
+    """A linear- or YaRN-extended GGUF says so in ``llama.rope.scaling.factor`` (older files in
+    ``llama.rope.scale_linear``), with ``llama.rope.scaling.type`` (linear where absent). Read as
+    llama.cpp reads them (a factor of 0 or 1, or type none, is no scaling), and refused otherwise:
+    plain RoPE would rotate K wrongly and degrade every answer with no error, and the HF loader
+    refuses the same model. Llama 3's scaling has no factor there: it is ``rope_freqs.weight``
+    (``_rope_scaling``)."""
+    kind = field_value(reader, "llama.rope.scaling.type") or "linear"
+    factor = field_value(reader, "llama.rope.scaling.factor") or field_value(reader, "llama.rope.scale_linear") or 1.0
+    if kind != "none" and factor != 1.0:
+        raise ValueError(f"unsupported rope scaling {kind!r} (factor {factor:g}) in the GGUF "
                          "(only plain and llama3 RoPE)")
 
 

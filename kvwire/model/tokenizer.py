@@ -21,18 +21,21 @@ _LLAMA3_SPLIT = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 _GGUF_CONTROL, _GGUF_USER_DEFINED = 3, 4
-_CHATML_SYSTEM = re.compile(r"<\|im_start\|>system(?:\n|\\n)(.*?)<\|im_end\|>", re.S)
-_JINJA_CODE = re.compile(r"[{}]|['\"]\s*[+~]|[+~]\s*['\"]")
+_CHATML_SYSTEM = re.compile(r"<\|im_start\|>system(?:\n|\\n)")
+_CHATML_END = "<|im_end|>"
+_JINJA_CODE = re.compile(r"\{\{|\}\}|\{%|%\}|['\"]\s*[+~]|[+~]\s*['\"]")
 
 
 def default_system_prompt(chat_template: str) -> str | None:
     r"""The system prompt a ChatML Jinja template inserts when the messages have none: the text of
-    its first literal ``<|im_start|>system\n...<|im_end|>``. A match that concatenates strings or
-    holds braces is template code (``'<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>'``),
-    not a default, and is skipped."""
-    for found in _CHATML_SYSTEM.finditer(chat_template):
-        if not _JINJA_CODE.search(found.group(1)):
-            return found.group(1)
+    its first literal ``<|im_start|>system\n...<|im_end|>``. Text that concatenates strings or holds
+    Jinja tags is template code (``'<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>'``),
+    not a default, and is skipped; each system header is tried on its own, so a skipped one cannot
+    swallow the literal after it."""
+    for start in _CHATML_SYSTEM.finditer(chat_template):
+        end = chat_template.find(_CHATML_END, start.end())
+        if end >= 0 and not _JINJA_CODE.search(chat_template[start.end():end]):
+            return chat_template[start.end():end]
     return None
 
 

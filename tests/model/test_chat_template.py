@@ -39,3 +39,7 @@ def test_the_default_system_prompt_is_a_literal_not_template_code():
     literal = "{{ '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM<|im_end|>\\n' }}"
     assert default_system_prompt(code) is None
     assert default_system_prompt(code + "{% else %}" + literal) == "You are a helpful AI assistant named SmolLM"
+    tools = "{{ '<|im_start|>system\n' + tools_text }}{% for t in tools %}{{ t }}{% endfor %}"    # no end of its own
+    assert default_system_prompt(tools + "{% else %}" + literal) == "You are a helpful AI assistant named SmolLM"
+    braces = "{{ '<|im_start|>system\nAnswer in JSON: {\"answer\": ...}<|im_end|>\n' }}"
+    assert default_system_prompt(braces) == 'Answer in JSON: {"answer": ...}'

@@ -147,8 +147,8 @@ def test_tokenizer_from_gguf(written) -> None:
     assert tokenizer.decode(tokenizer.encode(text)) == text
 
 
-@pytest.mark.parametrize("scaling", ["linear", "yarn", "scale_linear"])
-def test_a_linear_or_yarn_extended_gguf_is_refused(tmp_path, scaling) -> None:
+@pytest.mark.parametrize("scaling", ["linear", "yarn", "scale_linear", "factor_only", "none", "factor_1"])
+def test_rope_scaling_is_read_as_llama_cpp_reads_it_and_refused(tmp_path, scaling) -> None:
     """Plain RoPE on such a file rotated K wrongly with no error (the HF loader refuses it too)."""
     import gguf
 
@@ -165,6 +165,8 @@ def test_a_linear_or_yarn_extended_gguf_is_refused(tmp_path, scaling) -> None:
     w.add_layer_norm_rms_eps(1e-5)
     if scaling == "scale_linear":
         w.add_float32("llama.rope.scale_linear", 4.0)
+    elif scaling in ("factor_only", "factor_1"):                # llama.cpp takes a missing type as linear
+        w.add_rope_scaling_factor(4.0 if scaling == "factor_only" else 1.0)
     else:
         w.add_rope_scaling_type(gguf.RopeScalingType(scaling))
         w.add_rope_scaling_factor(4.0)
@@ -173,5 +175,8 @@ def test_a_linear_or_yarn_extended_gguf_is_refused(tmp_path, scaling) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(ValueError, match="unsupported .*rope scaling"):
+    if scaling in ("none", "factor_1"):                         # no scaling, whatever the factor says
+        assert config_from_gguf(open_gguf(str(path))).rope_scaling is None
+        return
+    with pytest.raises(ValueError, match="unsupported rope scaling"):
         config_from_gguf(open_gguf(str(path)))

@@ -77,8 +77,9 @@ __device__ __forceinline__ float elem_abs(const uint4& v, int e) {
     u32 w = (e < 2) ? v.x : (e < 4) ? v.y : (e < 6) ? v.z : v.w;
     return (e & 1) ? __uint_as_float(w & 0x7fff0000u) : fabsf(__uint_as_float(w << 16));
 }
-// amax / limit, or 1 where that is 0 (amax 0, or so small the quotient underflows): a zero scale
-// would store 0/0 = NaN codes. The same rule as the reference (quant._scale_from_amax).
+// amax / limit, or 1 where that is 0: a zero scale would store 0/0 = NaN codes. The reference's rule
+// (quant.scale_from_amax), where an fp32 amax can also underflow the quotient; from bf16 input, as
+// here, only amax 0 can (bf16's smallest subnormal / 2688 is still above 0).
 __device__ __forceinline__ float scale_or_one(float q) { return q > 0.0f ? q : 1.0f; }
 
 __device__ __forceinline__ float chunk_amax(const uint4& v) {
